@@ -1,0 +1,278 @@
+"""BlockTables: which (q-block, kv-block) tiles of each head are empty, partial or full.
+
+Built structurally, never from a dense N x N mask. A contiguous range of slots
+covers, in (frame, position) space, at most three rectangles (the tail of one
+frame, whole frames, the head of another; or the same with positions and frames
+swapped in temporal-major order) plus some text and some padding. Whether a
+head's rule allows *some* or *all* pairs of two rectangles is interval
+arithmetic on frame, position or frame-major token distances, so a tile is
+classified in O(1) and a head in O(tiles) time. Memory is bounded by classifying
+a chunk of q-blocks at a time and keeping only the non-empty tiles (CSR rows).
+Heads that share a pattern and a placement share one table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from kernel.pattern import KIND_CODES, HeadPattern
+from kernel.placement import TokenPlacement
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+_CHUNK_TILES = 1 << 20  # tiles classified per numpy pass (bounds peak memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTable:
+    """Non-empty tiles of one head in CSR form.
+
+    Row ``i`` (q-block ``i``) owns ``kv_index[row_ptr[i]:row_ptr[i+1]]`` (ascending
+    kv-block indices) and the matching ``is_full`` flags.
+    """
+
+    row_ptr: np.ndarray  # int64 [num_q_blocks + 1]
+    kv_index: np.ndarray  # int32 [nnz]
+    is_full: np.ndarray  # bool [nnz]
+
+    @property
+    def num_tiles(self) -> int:
+        return int(self.kv_index.shape[0])
+
+    @property
+    def num_full(self) -> int:
+        return int(self.is_full.sum())
+
+    def row_lengths(self) -> np.ndarray:
+        return np.diff(self.row_ptr)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockTables:
+    """Per head: the non-empty kv blocks of every q block, full or partial."""
+
+    block_q: int
+    block_kv: int
+    num_q_blocks: int
+    num_kv_blocks: int
+    heads: tuple[HeadTable, ...]
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    def kinds(self, head: int) -> np.ndarray:
+        """Dense [num_q_blocks, num_kv_blocks] int8 of EMPTY/PARTIAL/FULL (for small shapes)."""
+        t = self.heads[head]
+        out = np.zeros((self.num_q_blocks, self.num_kv_blocks), np.int8)
+        rows = np.repeat(np.arange(self.num_q_blocks), t.row_lengths())
+        out[rows, t.kv_index] = np.where(t.is_full, FULL, PARTIAL)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        total = self.num_heads * self.num_q_blocks * self.num_kv_blocks
+        full = sum(t.num_full for t in self.heads)
+        nonempty = sum(t.num_tiles for t in self.heads)
+        return {"tiles": total, "full": full, "partial": nonempty - full, "empty": total - nonempty}
+
+    def padded_lists(
+        self, heads: list[int] | None = None, full: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows padded to the longest: (kv_index [H,nq,L], is_full [H,nq,L], valid [H,nq,L]).
+
+        ``full=True``/``False`` keeps only full/partial tiles; ``None`` keeps both.
+        Padding entries repeat the row's last real kv block (so a TPU pipeline
+        issues no new DMA for them) and have ``valid == False``.
+        """
+        heads = list(range(self.num_heads)) if heads is None else heads
+        nq = self.num_q_blocks
+        per_head = []
+        for h in heads:
+            t = self.heads[h]
+            keep = np.ones(t.num_tiles, bool) if full is None else (t.is_full == full)
+            rows = np.repeat(np.arange(nq), t.row_lengths())[keep]
+            per_head.append((rows, t.kv_index[keep], t.is_full[keep]))
+        length = max([int(np.bincount(r, minlength=nq).max(initial=0)) for r, _, _ in per_head] + [1])
+        kv = np.zeros((len(heads), nq, length), np.int32)
+        flags = np.zeros((len(heads), nq, length), bool)
+        valid = np.zeros((len(heads), nq, length), bool)
+        for out_h, (rows, kv_index, is_full) in enumerate(per_head):
+            counts = np.bincount(rows, minlength=nq)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            col = np.arange(rows.shape[0]) - starts[rows]
+            kv[out_h, rows, col] = kv_index
+            flags[out_h, rows, col] = is_full
+            valid[out_h, rows, col] = True
+            last = np.where(counts > 0, kv[out_h, np.arange(nq), np.maximum(counts - 1, 0)], 0)
+            pad = ~valid[out_h]
+            kv[out_h][pad] = np.broadcast_to(last[:, None], pad.shape)[pad]
+        return kv, flags, valid
+
+
+def build_block_tables(
+    heads: list[HeadPattern],
+    placements: list[TokenPlacement],
+    block_q: int,
+    block_kv: int,
+    q_len: int,
+    kv_len: int,
+) -> BlockTables:
+    """Classify every tile of every head; heads with equal (pattern, placement) share work."""
+    if q_len % block_q or kv_len % block_kv:
+        raise ValueError("q_len / kv_len must be multiples of block_q / block_kv")
+    tables = tuple(
+        _head_table(head, placement, block_q, block_kv, q_len, kv_len)
+        for head, placement in zip(heads, placements, strict=True)
+    )
+    return BlockTables(block_q, block_kv, q_len // block_q, kv_len // block_kv, tables)
+
+
+@functools.lru_cache(maxsize=256)
+def _head_table(
+    head: HeadPattern,
+    placement: TokenPlacement,
+    block_q: int,
+    block_kv: int,
+    q_len: int,
+    kv_len: int,
+) -> HeadTable:
+    nq, nk = q_len // block_q, kv_len // block_kv
+    kv_sum = _RangeSummary.of(placement, np.arange(nk) * block_kv, block_kv, sink=head.first_frame_sink)
+    chunk = max(1, _CHUNK_TILES // max(nk, 1))
+    row_lengths, kv_parts, full_parts = [], [], []
+    for start in range(0, nq, chunk):
+        rows = np.arange(start, min(nq, start + chunk))
+        q_sum = _RangeSummary.of(placement, rows * block_q, block_q, sink=False)
+        kinds = _classify(head, placement, q_sum, kv_sum, block_kv)
+        r, c = np.nonzero(kinds)
+        row_lengths.append(np.bincount(r, minlength=rows.shape[0]))
+        kv_parts.append(c.astype(np.int32))
+        full_parts.append(kinds[r, c] == FULL)
+    row_ptr = np.concatenate([[0], np.cumsum(np.concatenate(row_lengths))]).astype(np.int64)
+    return HeadTable(row_ptr, np.concatenate(kv_parts), np.concatenate(full_parts))
+
+
+@dataclasses.dataclass
+class _RangeSummary:
+    """What the slot ranges ``[start, start+size)`` hold, one row per range.
+
+    Rectangle arrays are [n, R]: frame interval [f_lo, f_hi] x position interval
+    [p_lo, p_hi], ``ok`` marking real rectangles and ``sink`` marking frame-0
+    rectangles that a sink head always attends.
+    """
+
+    text: np.ndarray  # [n] valid text tokens in range
+    valid: np.ndarray  # [n] valid tokens (text + video)
+    f_lo: np.ndarray
+    f_hi: np.ndarray
+    p_lo: np.ndarray
+    p_hi: np.ndarray
+    ok: np.ndarray
+    sink: np.ndarray
+
+    @classmethod
+    def of(cls, pl: TokenPlacement, start: np.ndarray, size: int, sink: bool) -> _RangeSummary:
+        lay = pl.layout
+        start = start.astype(np.int64)
+        end = start + size
+        t0, t1 = pl.text_start, pl.text_start + lay.text_tokens
+        text = np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0, None)
+        if pl.order == "frame_major":
+            majors, stride, minors = lay.frames, pl.frame_stride, lay.tokens_per_frame
+        else:
+            majors, stride, minors = lay.tokens_per_frame, lay.frames, lay.frames
+        a = np.clip(start - pl.video_start, 0, majors * stride)
+        b = np.clip(end - pl.video_start, 0, majors * stride)
+
+        def valid_below(x: np.ndarray) -> np.ndarray:
+            return (x // stride) * minors + np.minimum(x % stride, minors)
+
+        video = valid_below(b) - valid_below(a)
+        has = b > a
+        last = np.maximum(b - 1, 0)
+        ma, mb = a // stride, last // stride
+        ra, rb = a % stride, last % stride
+        one = ma == mb
+        # Three rectangles in (major, minor): head, middle, tail.
+        maj_lo = np.stack([ma, ma + 1, mb], 1)
+        maj_hi = np.stack([ma, mb - 1, mb], 1)
+        min_lo = np.stack([ra, np.zeros_like(ra), np.zeros_like(ra)], 1)
+        min_hi = np.stack(
+            [np.where(one, np.minimum(rb, minors - 1), minors - 1), np.full_like(ra, minors - 1),
+             np.minimum(rb, minors - 1)], 1)
+        ok = np.stack([has & (ra < minors), has & ~one & (mb - 1 >= ma + 1), has & ~one], 1)
+        ok &= min_lo <= min_hi
+        if pl.order == "frame_major":
+            f_lo, f_hi, p_lo, p_hi = maj_lo, maj_hi, min_lo, min_hi
+        else:
+            f_lo, f_hi, p_lo, p_hi = min_lo, min_hi, maj_lo, maj_hi
+        sink_ok = np.zeros_like(ok)
+        if sink:
+            # Split frame 0 off every rectangle: a sink head attends those keys always.
+            rest_lo = np.maximum(f_lo, 1)
+            rest_ok = ok & (rest_lo <= f_hi)
+            sink_ok = ok & (f_lo == 0)
+            zeros = np.zeros_like(f_lo)
+            f_lo, f_hi = np.concatenate([rest_lo, zeros], 1), np.concatenate([f_hi, zeros], 1)
+            p_lo, p_hi = np.concatenate([p_lo, p_lo], 1), np.concatenate([p_hi, p_hi], 1)
+            ok = np.concatenate([rest_ok, sink_ok], 1)
+            sink_ok = np.concatenate([np.zeros_like(sink_ok), sink_ok], 1)
+        return cls(text, text + video, f_lo, f_hi, p_lo, p_hi, ok, sink_ok)
+
+
+def _interval_distances(
+    a_lo: np.ndarray, a_hi: np.ndarray, b_lo: np.ndarray, b_hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(min, max) of |x - y| over x in [a_lo, a_hi], y in [b_lo, b_hi]."""
+    lo = np.maximum(0, np.maximum(b_lo - a_hi, a_lo - b_hi))
+    hi = np.maximum(a_hi - b_lo, b_hi - a_lo)
+    return lo, hi
+
+
+def _classify(
+    head: HeadPattern, pl: TokenPlacement, q: _RangeSummary, kv: _RangeSummary, block_kv: int
+) -> np.ndarray:
+    """[len(q), len(kv)] int8 of EMPTY/PARTIAL/FULL."""
+    # Broadcast to [nq, nk, Rq, Rk].
+    def qx(x: np.ndarray) -> np.ndarray:
+        return x[:, None, :, None]
+
+    def kx(x: np.ndarray) -> np.ndarray:
+        return x[None, :, None, :]
+
+    pair_ok = qx(q.ok) & kx(kv.ok)
+    kind = head.code
+    if kind == KIND_CODES["dense"]:
+        some = all_ = np.ones(pair_ok.shape, bool)
+    else:
+        if kind == KIND_CODES["spatial"]:
+            lo, hi = _interval_distances(qx(q.f_lo), qx(q.f_hi), kx(kv.f_lo), kx(kv.f_hi))
+            limit = head.window + 1
+        elif kind == KIND_CODES["temporal"]:
+            lo, hi = _interval_distances(qx(q.p_lo), qx(q.p_hi), kx(kv.p_lo), kx(kv.p_hi))
+            limit = head.window + 1
+        else:
+            if pl.order != "frame_major":
+                raise ValueError("band heads are only placed in frame-major order")
+            per = pl.layout.tokens_per_frame
+            lo, hi = _interval_distances(
+                qx(q.f_lo * per + q.p_lo), qx(q.f_hi * per + q.p_hi),
+                kx(kv.f_lo * per + kv.p_lo), kx(kv.f_hi * per + kv.p_hi),
+            )
+            limit = head.window
+        some, all_ = lo < limit, hi < limit
+        sink = kx(kv.sink)
+        some, all_ = some | sink, all_ | sink
+    video_some = (pair_ok & some).any(axis=(2, 3))
+    video_all = (~pair_ok | all_).all(axis=(2, 3))
+    q_text = (q.text > 0)[:, None]
+    q_video = (q.valid > q.text)[:, None]
+    k_text = (kv.text > 0)[None, :]
+    k_valid = (kv.valid > 0)[None, :]
+    some_pair = (q_text & k_valid) | (q_video & k_text) | video_some
+    full = video_all & (kv.valid == block_kv)[None, :]
+    out = np.where(some_pair, np.where(full, FULL, PARTIAL), EMPTY).astype(np.int8)
+    out[~(q_text | q_video)[:, 0], :] = EMPTY
+    return out

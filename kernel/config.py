@@ -1,0 +1,120 @@
+"""TileConfig: the tunable parameters of one sparse attention call.
+
+Frozen and validated at construction (as splash attention's BlockSizes), so an
+illegal config never reaches a compile. Hardware rules (TPU lane/sublane
+multiples) are checked separately by :meth:`TileConfig.check_tpu`, because the
+``xla`` and ``interpret`` backends accept any positive block size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from math import lcm
+from typing import Any, Literal
+
+Variant = Literal["naive", "split", "compact"]
+Layout = Literal["frame_major", "temporal_major"]
+Align = Literal["none", "frame"]
+HeadGrouping = Literal["all", "by_pattern"]
+
+VARIANTS: tuple[str, ...] = ("naive", "split", "compact")
+LAYOUTS: tuple[str, ...] = ("frame_major", "temporal_major")
+ALIGNS: tuple[str, ...] = ("none", "frame")
+HEAD_GROUPINGS: tuple[str, ...] = ("all", "by_pattern")
+
+# TPU vregs are 8 sublanes x 128 lanes of 32 bits; bf16 packs 16 sublanes.
+TPU_LANES = 128
+TPU_SUBLANES = {"float32": 8, "bfloat16": 16}
+MAX_BLOCK = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Block sizes and traversal choices of the block-sparse kernel.
+
+    - ``variant``: ``naive`` visits every tile and masks every non-empty one;
+      ``split`` visits every tile, skipping the mask on full tiles; ``compact``
+      walks only the non-empty tiles (scalar-prefetched lists).
+    - ``block_q`` / ``block_kv``: tile shape; ``block_kv_compute``: the kv
+      sub-block processed per inner step (divides ``block_kv``; 0 = block_kv).
+    - ``layout``: ``temporal_major`` permutes the tokens of temporal heads so
+      their mask becomes a diagonal band; other heads stay frame-major.
+    - ``align``: ``frame`` pads every frame to a multiple of lcm(block_q,
+      block_kv) so frame boundaries fall on tile boundaries.
+    - ``head_grouping``: ``all`` heads in one call (rows padded to the longest
+      where a backend needs it) or one call per distinct head pattern.
+    """
+
+    variant: Variant = "compact"
+    block_q: int = 128
+    block_kv: int = 128
+    block_kv_compute: int = 0
+    layout: Layout = "temporal_major"
+    align: Align = "none"
+    head_grouping: HeadGrouping = "by_pattern"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("variant", VARIANTS),
+            ("layout", LAYOUTS),
+            ("align", ALIGNS),
+            ("head_grouping", HEAD_GROUPINGS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"TileConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
+        for name in ("block_q", "block_kv", "block_kv_compute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"TileConfig.{name} must be an integer, got {value!r}")
+        if self.block_kv_compute == 0:
+            object.__setattr__(self, "block_kv_compute", self.block_kv)
+        for name in ("block_q", "block_kv", "block_kv_compute"):
+            value = getattr(self, name)
+            if not 1 <= value <= MAX_BLOCK:
+                raise ValueError(f"TileConfig.{name} must be in [1, {MAX_BLOCK}], got {value}")
+        if self.block_kv % self.block_kv_compute:
+            raise ValueError(
+                f"TileConfig.block_kv_compute ({self.block_kv_compute}) must divide "
+                f"block_kv ({self.block_kv})"
+            )
+
+    def check_tpu(self, dtype: str = "float32") -> None:
+        """Raise ValueError unless Mosaic can tile these blocks on a TPU."""
+        sub = TPU_SUBLANES.get(dtype, 8)
+        if self.block_q % sub:
+            raise ValueError(
+                f"TileConfig.block_q ({self.block_q}) must be a multiple of {sub} on TPU "
+                f"for {dtype} (sublane tiling)"
+            )
+        for name in ("block_kv", "block_kv_compute"):
+            if getattr(self, name) % TPU_LANES:
+                raise ValueError(
+                    f"TileConfig.{name} ({getattr(self, name)}) must be a multiple of "
+                    f"{TPU_LANES} on TPU (lane tiling of the score tile)"
+                )
+
+    @property
+    def align_unit(self) -> int:
+        """Slots a frame is padded to a multiple of (0 = no alignment)."""
+        if self.align == "none":
+            return 0
+        return lcm(self.block_q, self.block_kv)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TileConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"TileConfig: unknown field(s) {sorted(unknown)}")
+        return cls(**data)
+
+    def describe(self) -> str:
+        text = f"{self.variant} q{self.block_q} kv{self.block_kv}"
+        if self.block_kv_compute != self.block_kv:
+            text += f"/{self.block_kv_compute}"
+        return f"{text} {self.layout} align={self.align} {self.head_grouping}"
