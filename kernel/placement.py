@@ -88,21 +88,33 @@ class TokenPlacement:
         """Divisor that splits a video slot into (major, minor) coordinates."""
         return self.frame_stride if self.order == "frame_major" else self.layout.frames
 
-    def decode(self, slot: Any) -> tuple[Any, Any, Any, Any]:
-        """slot -> (is_text, is_video, frame, position); operators only.
+    def decode(self, slot: Any, temporal: Any = None) -> tuple[Any, Any, Any, Any]:
+        """slot -> (is_text, is_video, frame, position), with operators only.
 
-        Uses truncating division on possibly negative values; those slots are
-        not video, so their frame/position are garbage and must be masked.
+        ``temporal`` overrides the order: a Python bool, or an array / traced
+        scalar when heads of one kernel call are placed in different orders (all
+        placements of one call share strides, only the order differs). Frame and
+        position of non-video slots are garbage and must be masked by the caller.
         """
         lay = self.layout
+        if temporal is None:
+            temporal = self.order == "temporal_major"
         v = slot - self.video_start
-        major, minor = _divmod_trunc(v, self.minor_stride)
-        if self.order == "frame_major":
-            frame, position = major, minor
-            is_video = (v >= 0) & (v < self.video_slots) & (minor < lay.tokens_per_frame)
+        if isinstance(temporal, bool):
+            stride = lay.frames if temporal else self.frame_stride
+            major, minor = _divmod_trunc(v, stride)
+            frame, position = (minor, major) if temporal else (major, minor)
+            used = lay.video_tokens if temporal else self.video_slots
+            is_video = (v >= 0) & (v < used) & (minor < (lay.frames if temporal else lay.tokens_per_frame))
         else:
-            frame, position = minor, major
-            is_video = (v >= 0) & (v < lay.video_tokens)
+            stride_arr = temporal * lay.frames + (1 - temporal) * self.frame_stride
+            major = _div_trunc_by(v, stride_arr)
+            minor = v - major * stride_arr
+            frame = temporal * minor + (1 - temporal) * major
+            position = temporal * major + (1 - temporal) * minor
+            used = temporal * lay.video_tokens + (1 - temporal) * self.video_slots
+            minors = temporal * lay.frames + (1 - temporal) * lay.tokens_per_frame
+            is_video = (v >= 0) & (v < used) & (minor < minors)
         is_text = (slot >= self.text_start) & (slot < self.text_start + lay.text_tokens)
         return is_text, is_video, frame, position
 
@@ -124,6 +136,14 @@ class TokenPlacement:
         out = np.full(padded_length, -1, np.int32)
         out[self.token_slots()] = np.arange(self.layout.seq_len, dtype=np.int32)
         return out
+
+
+def _div_trunc_by(x: Any, d: Any) -> Any:
+    """Truncating division by a per-element divisor (numpy or jnp)."""
+    if isinstance(x, np.ndarray | np.integer | int):
+        return np.sign(x) * (np.abs(x) // d)
+    x, d = jnp.broadcast_arrays(x, jnp.asarray(d, dtype=x.dtype))
+    return jax.lax.div(x, d)
 
 
 def _divmod_trunc(x: Any, d: int) -> tuple[Any, Any]:

@@ -1,0 +1,226 @@
+"""The Pallas TPU kernel: ``naive``, ``split`` and ``compact`` block-sparse attention.
+
+- ``naive`` and ``split`` run a dense grid (batch, head, q-block, kv-block);
+  a scalar-prefetched table of tile kinds lets empty tiles skip all compute
+  (``pl.when``). ``naive`` masks every visited tile; ``split`` masks only
+  partial tiles. Their table costs SMEM in proportion to all tiles.
+- ``compact`` runs a grid (batch, step) over one flattened list of the
+  non-empty tiles of every head and q-block (scalar-prefetched: packed row id
+  and packed kv index + full flag). No grid step is spent on an empty tile, and
+  heads with different patterns share the list without padding to a dense grid.
+  Consecutive steps of one row keep the output block resident; the first step
+  of a row initialises the online-softmax state and the last one writes it.
+
+Partial tiles build their mask from ``iota`` and the head's parameters
+(:mod:`kernel.tile_mask`), never from a stored mask. Within a kv tile the kernel
+walks ``block_kv_compute``-wide sub-blocks, so the score tile held in vregs
+stays small while DMAs stay large.
+
+On a CPU this kernel runs in TPU interpret mode (correctness only) and lowers
+for TPU with ``lowering_platforms=("tpu",)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernel.block_tables import BlockTables
+from kernel.config import TileConfig
+from kernel.placement import TokenPlacement
+from kernel.tile_mask import tile_mask
+from kernel.xla_backend import MASK_VALUE
+
+HEAD_PARAMS = 4  # kind code, window, sink, temporal order
+
+
+def compact_steps(tables: BlockTables) -> tuple[np.ndarray, np.ndarray]:
+    """The ``compact`` grid: (row id = head*nq + q-block, kv-block*2 + is_full) per step."""
+    nq = tables.num_q_blocks
+    rows, kvs = [], []
+    for h, t in enumerate(tables.heads):
+        rows.append(h * nq + np.repeat(np.arange(nq, dtype=np.int64), t.row_lengths()))
+        kvs.append(t.kv_index.astype(np.int64) * 2 + t.is_full)
+    row = np.concatenate(rows)
+    if row.size == 0:  # only possible for an all-padding call; keep the grid non-empty
+        return np.zeros(1, np.int32), np.zeros(1, np.int32)
+    return row.astype(np.int32), np.concatenate(kvs).astype(np.int32)
+
+
+def pallas_block_sparse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    tables: BlockTables,
+    geometry: TokenPlacement,
+    head_params: np.ndarray,
+    config: TileConfig,
+    interpret: bool = False,
+) -> jax.Array:
+    """Attention over placed, padded q [B,H,Nq,D], k/v [B,H,Nk,D] -> [B,H,Nq,D]."""
+    B, H, Nq, D = q.shape
+    bq, bkv, bkvc = tables.block_q, tables.block_kv, config.block_kv_compute
+    nq, nk = tables.num_q_blocks, tables.num_kv_blocks
+    uniform = bool((head_params == head_params[0]).all())
+    static_params = None
+    if uniform:
+        kind, window, sink, temporal = (int(x) for x in head_params[0])
+        static_params = (kind, window, sink, bool(temporal))
+    hp_flat = jnp.asarray(head_params.reshape(-1), jnp.int32)
+    f32_dot = q.dtype == jnp.float32
+    precision = jax.lax.Precision.HIGHEST if f32_dot else None
+
+    def params_for(h: Any, hp_ref: Any) -> tuple[Any, ...]:
+        if static_params is not None:
+            return static_params
+        return tuple(hp_ref[h * HEAD_PARAMS + i] for i in range(HEAD_PARAMS))
+
+    def update(q_ref: Any, k_ref: Any, v_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any,
+               qi: Any, ki: Any, params: tuple[Any, ...] | None) -> None:
+        """Online-softmax update with one kv tile; ``params=None`` means a full tile."""
+        qv = q_ref[0, 0]
+        for c in range(bkv // bkvc):
+            kv = k_ref[0, 0, pl.ds(c * bkvc, bkvc), :]
+            vv = v_ref[0, 0, pl.ds(c * bkvc, bkvc), :]
+            s = jax.lax.dot_general(qv, kv, (((1,), (1,)), ((), ())), precision=precision,
+                                    preferred_element_type=jnp.float32)
+            if params is not None:
+                q_slot = qi * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 0)
+                kv_slot = ki * bkv + c * bkvc + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 1)
+                s = jnp.where(tile_mask(geometry, q_slot, kv_slot, *params), s, MASK_VALUE)
+            m_prev = m_sc[...]
+            m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
+            alpha = jnp.exp(m_prev - m_new)
+            p = jnp.exp(s - m_new)
+            l_sc[...] = alpha * l_sc[...] + p.sum(axis=-1, keepdims=True)
+            pv = jax.lax.dot_general(p.astype(vv.dtype), vv, (((1,), (0,)), ((), ())),
+                                     precision=precision, preferred_element_type=jnp.float32)
+            acc_sc[...] = alpha * acc_sc[...] + pv
+            m_sc[...] = m_new
+
+    def init(m_sc: Any, l_sc: Any, acc_sc: Any) -> None:
+        m_sc[...] = jnp.full(m_sc.shape, MASK_VALUE, jnp.float32)
+        l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
+        acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    def finish(o_ref: Any, l_sc: Any, acc_sc: Any) -> None:
+        l = l_sc[...]
+        o_ref[0, 0] = (acc_sc[...] / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
+
+    scratch = [
+        pltpu.VMEM((bq, 1), jnp.float32),
+        pltpu.VMEM((bq, 1), jnp.float32),
+        pltpu.VMEM((bq, D), jnp.float32),
+    ]
+
+    if config.variant == "compact":
+        step_row, step_kv = compact_steps(tables)
+        num_steps = int(step_row.shape[0])
+
+        def compact_kernel(row_ref: Any, kvw_ref: Any, hp_ref: Any, q_ref: Any, k_ref: Any,
+                           v_ref: Any, o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any) -> None:
+            s = pl.program_id(1)
+            row = row_ref[s]
+            kvw = kvw_ref[s]
+            first = (s == 0) | (row_ref[jnp.maximum(s - 1, 0)] != row)
+            last = (s == num_steps - 1) | (row_ref[jnp.minimum(s + 1, num_steps - 1)] != row)
+            h = jax.lax.div(row, nq)
+            qi = row - h * nq
+            ki = jax.lax.div(kvw, 2)
+            is_full = (kvw - ki * 2) == 1
+
+            @pl.when(first)
+            def _() -> None:
+                init(m_sc, l_sc, acc_sc)
+
+            @pl.when(is_full)
+            def _() -> None:
+                update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, None)
+
+            @pl.when(jnp.logical_not(is_full))
+            def _() -> None:
+                update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, params_for(h, hp_ref))
+
+            @pl.when(last)
+            def _() -> None:
+                finish(o_ref, l_sc, acc_sc)
+
+        def q_map(b: Any, s: Any, row_ref: Any, kvw_ref: Any, hp_ref: Any) -> tuple[Any, ...]:
+            h = jax.lax.div(row_ref[s], nq)
+            return (b, h, row_ref[s] - h * nq, 0)
+
+        def kv_map(b: Any, s: Any, row_ref: Any, kvw_ref: Any, hp_ref: Any) -> tuple[Any, ...]:
+            return (b, jax.lax.div(row_ref[s], nq), jax.lax.div(kvw_ref[s], 2), 0)
+
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(B, num_steps),
+            in_specs=[pl.BlockSpec((1, 1, bq, D), q_map), pl.BlockSpec((1, 1, bkv, D), kv_map),
+                      pl.BlockSpec((1, 1, bkv, D), kv_map)],
+            out_specs=pl.BlockSpec((1, 1, bq, D), q_map),
+            scratch_shapes=scratch,
+        )
+        semantics: tuple[str, ...] = ("parallel", "arbitrary")
+        prefetch: tuple[Any, ...] = (jnp.asarray(step_row), jnp.asarray(step_kv), hp_flat)
+        kernel_fn: Any = compact_kernel
+    else:
+        kinds = np.stack([tables.kinds(h) for h in range(H)]).astype(np.int32).reshape(-1)
+        masked_full = config.variant == "naive"
+
+        def dense_grid_kernel(kind_ref: Any, hp_ref: Any, q_ref: Any, k_ref: Any, v_ref: Any,
+                              o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any) -> None:
+            h, qi, ki = pl.program_id(1), pl.program_id(2), pl.program_id(3)
+            kind = kind_ref[(h * nq + qi) * nk + ki]
+
+            @pl.when(ki == 0)
+            def _() -> None:
+                init(m_sc, l_sc, acc_sc)
+
+            if masked_full:
+                @pl.when(kind != 0)
+                def _() -> None:
+                    update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, params_for(h, hp_ref))
+            else:
+                @pl.when(kind == 2)
+                def _() -> None:
+                    update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, None)
+
+                @pl.when(kind == 1)
+                def _() -> None:
+                    update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, params_for(h, hp_ref))
+
+            @pl.when(ki == nk - 1)
+            def _() -> None:
+                finish(o_ref, l_sc, acc_sc)
+
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(B, H, nq, nk),
+            in_specs=[
+                pl.BlockSpec((1, 1, bq, D), lambda b, h, i, j, *_: (b, h, i, 0)),
+                pl.BlockSpec((1, 1, bkv, D), lambda b, h, i, j, *_: (b, h, j, 0)),
+                pl.BlockSpec((1, 1, bkv, D), lambda b, h, i, j, *_: (b, h, j, 0)),
+            ],
+            out_specs=pl.BlockSpec((1, 1, bq, D), lambda b, h, i, j, *_: (b, h, i, 0)),
+            scratch_shapes=scratch,
+        )
+        semantics = ("parallel", "parallel", "parallel", "arbitrary")
+        prefetch = (jnp.asarray(kinds), hp_flat)
+        kernel_fn = dense_grid_kernel
+
+    call = pl.pallas_call(
+        kernel_fn,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name=f"tiletune_{config.variant}",
+    )
+    return call(*prefetch, q, k, v)
+
+
