@@ -1,0 +1,213 @@
+"""``tiletune bench kernel``: the sparse kernel against dense attention, side by side.
+
+For one workload (a preset, optionally with its layout or heads overridden) it
+measures, in one process: dense attention with ``jax.nn.dot_product_attention``
+(the dense anchor on this backend), every requested variant/config of the
+sparse kernel (after checking its output on sampled rows against the float64
+reference), the temporal heads with and without the temporal-major permutation,
+and the time and peak memory of building the block tables of ``wan2.1-720p``.
+Only ratios of figures from the same run are meaningful on a shared machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import tracemalloc
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from autotune.timing import Timing, measure
+from kernel.attention import prepare_group, resolve_backend, sparse_attention
+from kernel.block_tables import _head_table
+from kernel.config import VARIANTS, TileConfig
+from kernel.heuristic import heuristic_config
+from kernel.layout import VideoLayout
+from kernel.pattern import HeadPattern, SparsityPattern
+from kernel.presets import get_preset
+from kernel.reference import mask_density, reference_attention
+
+CHECK_ROWS = 48
+
+
+def parse_heads(spec: str, layout: VideoLayout) -> SparsityPattern:
+    """``KIND[:WINDOW][+sink]xCOUNT`` items joined by commas, e.g. ``spatial:1x2,temporal:32x2``."""
+    heads: list[HeadPattern] = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        body, sep, count = item.rpartition("x")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--heads item {item!r}: expected KIND[:WINDOW][+sink]xCOUNT")
+        sink = body.endswith("+sink")
+        body = body.removesuffix("+sink")
+        kind, _, window = body.partition(":")
+        if kind not in ("dense", "spatial", "temporal", "band"):
+            raise ValueError(f"--heads item {item!r}: unknown kind {kind!r}")
+        if window and not window.isdigit():
+            raise ValueError(f"--heads item {item!r}: window must be a non-negative integer")
+        heads.extend([HeadPattern(kind, int(window or 0), sink)] * int(count))  # type: ignore[arg-type]
+    return SparsityPattern(layout, tuple(heads))
+
+
+@dataclasses.dataclass
+class KernelBenchOptions:
+    preset: str = "cpu-demo"
+    backend: str = "xla"
+    frames: int | None = None
+    tokens_per_frame: int | None = None
+    heads: str | None = None
+    dtype: str | None = None
+    batch: int = 1
+    blocks: tuple[int, ...] = ()
+    variants: tuple[str, ...] = ()
+    repeats: int = 5
+    min_time_s: float = 0.5
+    seed: int = 0
+    table_preset: str | None = "wan2.1-720p"
+
+
+def _dense_fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    # dot_product_attention wants [B, N, H, D]; scale 1.0 matches sparse_attention.
+    t = (0, 2, 1, 3)
+    return jax.nn.dot_product_attention(q.transpose(t), k.transpose(t), v.transpose(t), scale=1.0).transpose(t)
+
+
+def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, Any]:
+    """Run the benchmark; returns a JSON-able report."""
+    say = progress or (lambda _msg: None)
+    preset = get_preset(opts.preset)
+    layout = preset.layout
+    if opts.frames or opts.tokens_per_frame:
+        layout = dataclasses.replace(
+            layout, frames=opts.frames or layout.frames,
+            tokens_per_frame=opts.tokens_per_frame or layout.tokens_per_frame,
+        )
+    pattern = parse_heads(opts.heads, layout) if opts.heads else dataclasses.replace(preset, layout=layout).pattern()
+    backend = resolve_backend(opts.backend)
+    if backend == "interpret":
+        raise ValueError("interpret mode checks correctness only; its timing says nothing about kernel speed")
+    dtype = jnp.dtype(opts.dtype or ("float32" if backend == "xla" else preset.dtype))
+    shape = (opts.batch, pattern.num_heads, pattern.seq_len, preset.head_dim)
+    keys = jax.random.split(jax.random.PRNGKey(opts.seed), 3)
+    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(dtype) for key in keys)
+    rows = np.unique(np.random.default_rng(opts.seed).integers(0, pattern.seq_len, CHECK_ROWS))
+    ref = reference_attention(q, k, v, pattern, rows=rows)
+    tol = 2e-5 if dtype == jnp.float32 else 2e-2
+    density = mask_density(pattern)
+    report: dict[str, Any] = {
+        "preset": preset.name,
+        "pattern": pattern.describe(),
+        "backend": backend,
+        "device": jax.devices()[0].device_kind,
+        "shape": list(shape),
+        "dtype": dtype.name,
+        "density": density,
+        "ideal_speedup": 1.0 / density,
+    }
+    timing_kw = {"repeats": opts.repeats, "min_time_s": opts.min_time_s}
+    say("dense anchor (jax.nn.dot_product_attention)")
+    dense = measure(_dense_fn, (q, k, v), **timing_kw)
+    report["dense"] = dense.to_dict()
+
+    base = heuristic_config(pattern, backend, dtype.name)
+    variants = opts.variants or tuple(v for v in VARIANTS if backend != "xla" or v != "split")
+    blocks = opts.blocks or (base.block_q,)
+    configs = [
+        dataclasses.replace(base, variant=variant, block_q=b, block_kv=b, block_kv_compute=0)
+        for variant in variants for b in blocks
+    ]
+    # A second anchor: the same backend and tiles on an all-dense pattern, so the
+    # fraction of ideal is also shown against a tiled dense kernel, not only
+    # against the library's dense attention.
+    tiled_dense: dict[int, Timing] = {}
+    dense_pattern = SparsityPattern(layout, (HeadPattern.dense(),) * pattern.num_heads)
+    for b in blocks:
+        say(f"tiled dense anchor q{b} kv{b}")
+        config = dataclasses.replace(base, variant="compact", block_q=b, block_kv=b, block_kv_compute=0,
+                                     align="none", head_grouping="all")
+        tiled_dense[b] = _time_sparse(q, k, v, dense_pattern, config, backend, timing_kw)
+    report["tiled_dense"] = {str(b): t.to_dict() for b, t in tiled_dense.items()}
+    results = []
+    for config in configs:
+        say(f"sparse {config.describe()}")
+        timing = _time_sparse(q, k, v, pattern, config, backend, timing_kw)
+        out = np.asarray(sparse_attention(q, k, v, pattern, config, backend), np.float64)
+        err = float(np.abs(out[:, :, rows] - ref).max())
+        counts = _tile_counts(pattern, config)
+        results.append({
+            "config": config.to_dict(),
+            "describe": config.describe(),
+            **timing.to_dict(),
+            "speedup": dense.median_ms / timing.median_ms,
+            "fraction_of_ideal": dense.median_ms / timing.median_ms * density,
+            "speedup_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms,
+            "fraction_of_ideal_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms * density,
+            "max_error": err,
+            "correct": err <= tol,
+            "tile_density": (counts["full"] + counts["partial"]) / counts["tiles"],
+            "tiles": counts,
+        })
+    report["configs"] = results
+
+    temporal = [h for h in range(pattern.num_heads) if pattern.heads[h].kind == "temporal"]
+    if temporal:
+        say("temporal heads with and without the temporal-major permutation")
+        sub = SparsityPattern(layout, tuple(pattern.heads[h] for h in temporal))
+        idx = jnp.asarray(temporal)
+        qs, ks, vs = (jnp.take(x, idx, axis=1) for x in (q, k, v))
+        by_layout = {}
+        for lay in ("frame_major", "temporal_major"):
+            config = dataclasses.replace(heuristic_config(sub, backend, dtype.name), layout=lay)
+            by_layout[lay] = _time_sparse(qs, ks, vs, sub, config, backend, timing_kw).to_dict()
+        report["temporal_layout"] = {
+            "heads": len(temporal),
+            **by_layout,
+            "permutation_speedup": by_layout["frame_major"]["median_ms"] / by_layout["temporal_major"]["median_ms"],
+        }
+    if opts.table_preset:
+        say(f"block tables of {opts.table_preset}")
+        report["block_tables"] = bench_block_tables(opts.table_preset)
+    return report
+
+
+def _time_sparse(q: jax.Array, k: jax.Array, v: jax.Array, pattern: SparsityPattern,
+                 config: TileConfig, backend: str, timing_kw: dict[str, Any]) -> Timing:
+    def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return sparse_attention(q, k, v, pattern, config, backend)
+
+    return measure(fn, (q, k, v), **timing_kw)
+
+
+def _tile_counts(pattern: SparsityPattern, config: TileConfig) -> dict[str, int]:
+    from kernel.attention import head_groups
+
+    total: dict[str, int] = {}
+    for heads in head_groups(pattern, config):
+        for key, value in prepare_group(pattern, heads, config)[2].counts().items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
+def bench_block_tables(preset_name: str) -> dict[str, Any]:
+    """Build the block tables of all heads of a preset from cold caches: time and peak memory."""
+    preset = get_preset(preset_name)
+    pattern = preset.pattern(preset.heads)
+    out: dict[str, Any] = {"preset": preset_name, "heads": pattern.num_heads,
+                           "distinct_patterns": len(pattern.classes()), "seq_len": pattern.seq_len}
+    runs = []
+    for backend in ("xla", "tpu"):
+        config = dataclasses.replace(heuristic_config(pattern, backend, preset.dtype), head_grouping="all")
+        _head_table.cache_clear()
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        tables = prepare_group(pattern, list(range(pattern.num_heads)), config)[2]
+        elapsed = time.perf_counter() - t0
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        counts = tables.counts()
+        runs.append({"config": config.describe(), "build_ms": elapsed * 1e3, "peak_mb": peak / 2**20, **counts})
+    _head_table.cache_clear()
+    out["runs"] = runs
+    return out

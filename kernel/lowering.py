@@ -1,0 +1,53 @@
+"""Lowering the Pallas kernel for TPU on any machine: the cheap gate before a compile.
+
+``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`` runs the Pallas
+to Mosaic lowering without a TPU: illegal block shapes (the (8, 128) tiling
+rule), unsupported primitives and SMEM/scalar-prefetch misuse are rejected in
+milliseconds. Mosaic's own layout passes run only in the real compile on a TPU
+host, so passing this gate is necessary, not sufficient.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernel.attention import head_groups, prepare_group
+from kernel.config import TileConfig
+from kernel.pallas_backend import pallas_block_sparse
+from kernel.pattern import SparsityPattern
+
+
+class TpuLoweringError(ValueError):
+    """The config cannot be lowered for TPU; the message says why."""
+
+
+def lower_for_tpu(
+    pattern: SparsityPattern, config: TileConfig, *, batch: int = 1, head_dim: int = 128,
+    dtype: str = "bfloat16",
+) -> list[str]:
+    """Lower every kernel call of ``config`` for TPU; returns the StableHLO texts.
+
+    Raises TpuLoweringError naming the broken rule (checked by TileConfig first,
+    then by the Pallas TPU lowering itself).
+    """
+    try:
+        config.check_tpu(dtype)
+    except ValueError as exc:
+        raise TpuLoweringError(str(exc)) from None
+    texts = []
+    for heads in head_groups(pattern, config):
+        geometry, _, tables, params = prepare_group(pattern, heads, config)
+        q = jax.ShapeDtypeStruct((batch, len(heads), tables.num_q_blocks * tables.block_q, head_dim), jnp.dtype(dtype))
+        kv = jax.ShapeDtypeStruct((batch, len(heads), tables.num_kv_blocks * tables.block_kv, head_dim), jnp.dtype(dtype))
+
+        def call(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            return pallas_block_sparse(q, k, v, tables, geometry, params, config)  # noqa: B023
+
+        try:
+            lowered = jax.jit(call).trace(q, kv, kv).lower(lowering_platforms=("tpu",))
+        except Exception as exc:  # Mosaic reports rule violations as various exception types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TpuLoweringError(f"TPU lowering failed for {config.describe()}: {first}") from exc
+        texts.append(lowered.as_text())
+    return texts
