@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import tracemalloc
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ import numpy as np
 from autotune.timing import Timing, measure
 from kernel.attention import prepare_group, resolve_backend, sparse_attention
 from kernel.block_tables import _head_table
-from kernel.config import VARIANTS, TileConfig
+from kernel.config import VARIANTS, TileConfig, Variant
 from kernel.heuristic import heuristic_config
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
@@ -81,7 +81,8 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     layout = preset.layout
     if opts.frames or opts.tokens_per_frame:
         layout = dataclasses.replace(
-            layout, frames=opts.frames or layout.frames,
+            layout,
+            frames=opts.frames or layout.frames,
             tokens_per_frame=opts.tokens_per_frame or layout.tokens_per_frame,
         )
     pattern = parse_heads(opts.heads, layout) if opts.heads else dataclasses.replace(preset, layout=layout).pattern()
@@ -115,8 +116,9 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     variants = opts.variants or tuple(v for v in VARIANTS if backend != "xla" or v != "split")
     blocks = opts.blocks or (base.block_q,)
     configs = [
-        dataclasses.replace(base, variant=variant, block_q=b, block_kv=b, block_kv_compute=0)
-        for variant in variants for b in blocks
+        dataclasses.replace(base, variant=cast(Variant, variant), block_q=b, block_kv=b, block_kv_compute=0)
+        for variant in variants
+        for b in blocks
     ]
     # A second anchor: the same backend and tiles on an all-dense pattern, so the
     # fraction of ideal is also shown against a tiled dense kernel, not only
@@ -125,8 +127,9 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     dense_pattern = SparsityPattern(layout, (HeadPattern.dense(),) * pattern.num_heads)
     for b in blocks:
         say(f"tiled dense anchor q{b} kv{b}")
-        config = dataclasses.replace(base, variant="compact", block_q=b, block_kv=b, block_kv_compute=0,
-                                     align="none", head_grouping="all")
+        config = dataclasses.replace(
+            base, variant="compact", block_q=b, block_kv=b, block_kv_compute=0, align="none", head_grouping="all"
+        )
         tiled_dense[b] = _time_sparse(q, k, v, dense_pattern, config, backend, timing_kw)
     report["tiled_dense"] = {str(b): t.to_dict() for b, t in tiled_dense.items()}
     results = []
@@ -136,19 +139,21 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
         out = np.asarray(sparse_attention(q, k, v, pattern, config, backend), np.float64)
         err = float(np.abs(out[:, :, rows] - ref).max())
         counts = _tile_counts(pattern, config)
-        results.append({
-            "config": config.to_dict(),
-            "describe": config.describe(),
-            **timing.to_dict(),
-            "speedup": dense.median_ms / timing.median_ms,
-            "fraction_of_ideal": dense.median_ms / timing.median_ms * density,
-            "speedup_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms,
-            "fraction_of_ideal_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms * density,
-            "max_error": err,
-            "correct": err <= tol,
-            "tile_density": (counts["full"] + counts["partial"]) / counts["tiles"],
-            "tiles": counts,
-        })
+        results.append(
+            {
+                "config": config.to_dict(),
+                "describe": config.describe(),
+                **timing.to_dict(),
+                "speedup": dense.median_ms / timing.median_ms,
+                "fraction_of_ideal": dense.median_ms / timing.median_ms * density,
+                "speedup_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms,
+                "fraction_of_ideal_vs_tiled_dense": tiled_dense[config.block_q].median_ms / timing.median_ms * density,
+                "max_error": err,
+                "correct": err <= tol,
+                "tile_density": (counts["full"] + counts["partial"]) / counts["tiles"],
+                "tiles": counts,
+            }
+        )
     report["configs"] = results
 
     temporal = [h for h in range(pattern.num_heads) if pattern.heads[h].kind == "temporal"]
@@ -172,8 +177,15 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     return report
 
 
-def _time_sparse(q: jax.Array, k: jax.Array, v: jax.Array, pattern: SparsityPattern,
-                 config: TileConfig, backend: str, timing_kw: dict[str, Any]) -> Timing:
+def _time_sparse(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    pattern: SparsityPattern,
+    config: TileConfig,
+    backend: str,
+    timing_kw: dict[str, Any],
+) -> Timing:
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return sparse_attention(q, k, v, pattern, config, backend)
 
@@ -194,8 +206,12 @@ def bench_block_tables(preset_name: str) -> dict[str, Any]:
     """Build the block tables of all heads of a preset from cold caches: time and peak memory."""
     preset = get_preset(preset_name)
     pattern = preset.pattern(preset.heads)
-    out: dict[str, Any] = {"preset": preset_name, "heads": pattern.num_heads,
-                           "distinct_patterns": len(pattern.classes()), "seq_len": pattern.seq_len}
+    out: dict[str, Any] = {
+        "preset": preset_name,
+        "heads": pattern.num_heads,
+        "distinct_patterns": len(pattern.classes()),
+        "seq_len": pattern.seq_len,
+    }
     runs = []
     for backend in ("xla", "tpu"):
         config = dataclasses.replace(heuristic_config(pattern, backend, preset.dtype), head_grouping="all")

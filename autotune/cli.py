@@ -38,9 +38,15 @@ def presets() -> None:
     for p in PRESETS.values():
         lay = p.layout
         text = f"{lay.text_tokens} {lay.text_position}" if lay.text_tokens else "-"
-        table.add_row(p.name, f"{lay.frames} x {lay.tokens_per_frame} = {lay.video_tokens:,}", text,
-                      f"{p.heads} ({p.heads_per_chip}) x {p.head_dim}", p.dtype, p.pattern().describe().split("; ")[1])
-    Console().print(table)
+        table.add_row(
+            p.name,
+            f"{lay.frames} x {lay.tokens_per_frame} = {lay.video_tokens:,}",
+            text,
+            f"{p.heads} ({p.heads_per_chip}) x {p.head_dim}",
+            p.dtype,
+            p.pattern().describe().split("; ")[1],
+        )
+    _stdout_console().print(table)
 
 
 @bench_app.command("kernel")
@@ -69,9 +75,17 @@ def bench_kernel_cmd(
     if dtype not in (None, "float32", "bfloat16"):
         raise typer.BadParameter("--dtype must be float32 or bfloat16")
     opts = KernelBenchOptions(
-        preset=preset, backend=backend, frames=frames, tokens_per_frame=tokens_per_frame, heads=heads,
-        dtype=dtype, blocks=_ints(blocks, "--blocks"), variants=variant_list, repeats=repeats,
-        min_time_s=min_time, table_preset=tables or None,
+        preset=preset,
+        backend=backend,
+        frames=frames,
+        tokens_per_frame=tokens_per_frame,
+        heads=heads,
+        dtype=dtype,
+        blocks=_ints(blocks, "--blocks"),
+        variants=variant_list,
+        repeats=repeats,
+        min_time_s=min_time,
+        table_preset=tables or None,
     )
     try:
         with console.status("benchmarking") as status:
@@ -94,29 +108,53 @@ def _print_kernel_report(report: dict) -> None:
     out = _stdout_console()
     out.print(f"[bold]{report['preset']}[/bold]: {report['pattern']}")
     out.print(f"backend {report['backend']} on {report['device']}, shape {report['shape']} {report['dtype']}")
-    out.print(f"mask density {report['density']:.4f} -> ideal speedup {report['ideal_speedup']:.2f}x; "
-              f"dense (jax.nn.dot_product_attention) {report['dense']['median_ms']:.2f} ms")
-    table = Table("config", "median ms", "p10-p90 ms", "speedup", "of ideal", "vs tiled dense", "of ideal",
-                  "tile density", "max err")
+    out.print(
+        f"mask density {report['density']:.4f} -> ideal speedup {report['ideal_speedup']:.2f}x; "
+        f"dense (jax.nn.dot_product_attention) {report['dense']['median_ms']:.2f} ms"
+    )
+    table = Table(
+        "config",
+        "median ms",
+        "p10-p90 ms",
+        "speedup",
+        "of ideal",
+        "vs tiled dense",
+        "of ideal",
+        "tile density",
+        "max err",
+    )
     for r in report["configs"]:
-        table.add_row(r["describe"], f"{r['median_ms']:.2f}", f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}",
-                      f"{r['speedup']:.2f}x", f"{r['fraction_of_ideal']:.2f}", f"{r['speedup_vs_tiled_dense']:.2f}x",
-                      f"{r['fraction_of_ideal_vs_tiled_dense']:.2f}", f"{r['tile_density']:.3f}",
-                      f"{r['max_error']:.1e}" + ("" if r["correct"] else " WRONG"))
+        table.add_row(
+            r["describe"],
+            f"{r['median_ms']:.2f}",
+            f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}",
+            f"{r['speedup']:.2f}x",
+            f"{r['fraction_of_ideal']:.2f}",
+            f"{r['speedup_vs_tiled_dense']:.2f}x",
+            f"{r['fraction_of_ideal_vs_tiled_dense']:.2f}",
+            f"{r['tile_density']:.3f}",
+            f"{r['max_error']:.1e}" + ("" if r["correct"] else " WRONG"),
+        )
     out.print(table)
-    out.print("speedup / of ideal: against jax.nn.dot_product_attention; vs tiled dense: against this backend "
-              "running the same tiles on an all-dense pattern (1.00 of ideal = every masked pair skipped for free)")
+    out.print(
+        "speedup / of ideal: against jax.nn.dot_product_attention; vs tiled dense: against this backend "
+        "running the same tiles on an all-dense pattern (1.00 of ideal = every masked pair skipped for free)"
+    )
     if "temporal_layout" in report:
         t = report["temporal_layout"]
-        out.print(f"temporal heads ({t['heads']}): frame-major {t['frame_major']['median_ms']:.2f} ms, "
-                  f"temporal-major {t['temporal_major']['median_ms']:.2f} ms -> permutation "
-                  f"{t['permutation_speedup']:.2f}x faster")
+        out.print(
+            f"temporal heads ({t['heads']}): frame-major {t['frame_major']['median_ms']:.2f} ms, "
+            f"temporal-major {t['temporal_major']['median_ms']:.2f} ms -> permutation "
+            f"{t['permutation_speedup']:.2f}x faster"
+        )
     if "block_tables" in report:
         bt = report["block_tables"]
         for r in bt["runs"]:
-            out.print(f"block tables {bt['preset']} ({bt['heads']} heads, {bt['distinct_patterns']} distinct, "
-                      f"{bt['seq_len']:,} tokens) {r['config']}: {r['build_ms']:.0f} ms, peak {r['peak_mb']:.1f} MB, "
-                      f"{r['full']:,} full / {r['partial']:,} partial / {r['empty']:,} empty tiles")
+            out.print(
+                f"block tables {bt['preset']} ({bt['heads']} heads, {bt['distinct_patterns']} distinct, "
+                f"{bt['seq_len']:,} tokens) {r['config']}: {r['build_ms']:.0f} ms, peak {r['peak_mb']:.1f} MB, "
+                f"{r['full']:,} full / {r['partial']:,} partial / {r['empty']:,} empty tiles"
+            )
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -58,8 +58,13 @@ def compile_fn(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
 
 
 def time_compiled(
-    compiled: Any, args: tuple[Any, ...], *, warmup: int = 1, repeats: int = 5,
-    min_time_s: float = 0.0, compile_ms: float = 0.0,
+    compiled: Any,
+    args: tuple[Any, ...],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    min_time_s: float = 0.0,
+    compile_ms: float = 0.0,
 ) -> Timing:
     """Median-friendly timing: ``warmup`` untimed runs, then at least ``repeats``
     timed runs and at least ``min_time_s`` seconds of them."""

@@ -91,8 +91,12 @@ def prepare_group(
     )
     params = np.array(
         [
-            [pattern.heads[h].code, pattern.heads[h].window, int(pattern.heads[h].first_frame_sink),
-             int(p.order == "temporal_major")]
+            [
+                pattern.heads[h].code,
+                pattern.heads[h].window,
+                int(pattern.heads[h].first_frame_sink),
+                int(p.order == "temporal_major"),
+            ]
             for h, p in zip(heads, placements, strict=True)
         ],
         np.int32,
@@ -135,8 +139,7 @@ def check_inputs(q: Any, k: Any, v: Any, pattern: SparsityPattern) -> None:
     heads, seq = q.shape[-3], q.shape[-2]
     if seq != pattern.seq_len:
         raise ValueError(
-            f"sequence length {seq} != the layout's seq_len {pattern.seq_len} "
-            f"(frames*tokens_per_frame + text_tokens)"
+            f"sequence length {seq} != the layout's seq_len {pattern.seq_len} (frames*tokens_per_frame + text_tokens)"
         )
     if heads != pattern.num_heads:
         raise ValueError(f"q has {heads} heads but the pattern describes {pattern.num_heads}")
@@ -192,8 +195,7 @@ def sparse_attention(
         else:
             from kernel.pallas_backend import pallas_block_sparse
 
-            out = pallas_block_sparse(qp, kp, vp, tables, geometry, params, config,
-                                      interpret=backend == "interpret")
+            out = pallas_block_sparse(qp, kp, vp, tables, geometry, params, config, interpret=backend == "interpret")
         outputs.append(_unplace(out, placements, q_len))
         order.extend(heads)
     out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)

@@ -200,8 +200,13 @@ class _RangeSummary:
         maj_hi = np.stack([ma, mb - 1, mb], 1)
         min_lo = np.stack([ra, np.zeros_like(ra), np.zeros_like(ra)], 1)
         min_hi = np.stack(
-            [np.where(one, np.minimum(rb, minors - 1), minors - 1), np.full_like(ra, minors - 1),
-             np.minimum(rb, minors - 1)], 1)
+            [
+                np.where(one, np.minimum(rb, minors - 1), minors - 1),
+                np.full_like(ra, minors - 1),
+                np.minimum(rb, minors - 1),
+            ],
+            1,
+        )
         ok = np.stack([has & (ra < minors), has & ~one & (mb - 1 >= ma + 1), has & ~one], 1)
         ok &= min_lo <= min_hi
         if pl.order == "frame_major":
@@ -231,10 +236,9 @@ def _interval_distances(
     return lo, hi
 
 
-def _classify(
-    head: HeadPattern, pl: TokenPlacement, q: _RangeSummary, kv: _RangeSummary, block_kv: int
-) -> np.ndarray:
+def _classify(head: HeadPattern, pl: TokenPlacement, q: _RangeSummary, kv: _RangeSummary, block_kv: int) -> np.ndarray:
     """[len(q), len(kv)] int8 of EMPTY/PARTIAL/FULL."""
+
     # Broadcast to [nq, nk, Rq, Rk].
     def qx(x: np.ndarray) -> np.ndarray:
         return x[:, None, :, None]
@@ -258,8 +262,10 @@ def _classify(
                 raise ValueError("band heads are only placed in frame-major order")
             per = pl.layout.tokens_per_frame
             lo, hi = _interval_distances(
-                qx(q.f_lo * per + q.p_lo), qx(q.f_hi * per + q.p_hi),
-                kx(kv.f_lo * per + kv.p_lo), kx(kv.f_hi * per + kv.p_hi),
+                qx(q.f_lo * per + q.p_lo),
+                qx(q.f_hi * per + q.p_hi),
+                kx(kv.f_lo * per + kv.p_lo),
+                kx(kv.f_hi * per + kv.p_hi),
             )
             limit = head.window
         some, all_ = lo < limit, hi < limit

@@ -61,9 +61,7 @@ class TileConfig:
             ("head_grouping", HEAD_GROUPINGS),
         ):
             if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"TileConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
+                raise ValueError(f"TileConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("block_q", "block_kv", "block_kv_compute"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -76,8 +74,7 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name} must be in [1, {MAX_BLOCK}], got {value}")
         if self.block_kv % self.block_kv_compute:
             raise ValueError(
-                f"TileConfig.block_kv_compute ({self.block_kv_compute}) must divide "
-                f"block_kv ({self.block_kv})"
+                f"TileConfig.block_kv_compute ({self.block_kv_compute}) must divide block_kv ({self.block_kv})"
             )
 
     def check_tpu(self, dtype: str = "float32") -> None:
@@ -85,8 +82,7 @@ class TileConfig:
         sub = TPU_SUBLANES.get(dtype, 8)
         if self.block_q % sub:
             raise ValueError(
-                f"TileConfig.block_q ({self.block_q}) must be a multiple of {sub} on TPU "
-                f"for {dtype} (sublane tiling)"
+                f"TileConfig.block_q ({self.block_q}) must be a multiple of {sub} on TPU for {dtype} (sublane tiling)"
             )
         for name in ("block_kv", "block_kv_compute"):
             if getattr(self, name) % TPU_LANES:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from math import lcm
 
-from kernel.config import TileConfig
+from kernel.config import Align, Layout, TileConfig
 from kernel.pattern import SparsityPattern
 from kernel.placement import round_up
 
@@ -35,11 +35,11 @@ def heuristic_config(pattern: SparsityPattern, backend: str = "xla", dtype: str 
         sub = 16 if dtype == "bfloat16" else 8
         block_q = min(512, round_up(seq, sub))
         block_kv = min(512, round_up(seq, 128))
-    layout = "temporal_major" if any(h.kind == "temporal" for h in pattern.heads) else "frame_major"
+    layout: Layout = "temporal_major" if any(h.kind == "temporal" for h in pattern.heads) else "frame_major"
     per_frame = pattern.layout.tokens_per_frame
     unit = lcm(block_q, block_kv)
     overhead = (round_up(per_frame, unit) - per_frame) / per_frame
-    align = "frame" if overhead <= MAX_ALIGN_OVERHEAD else "none"
+    align: Align = "frame" if overhead <= MAX_ALIGN_OVERHEAD else "none"
     return TileConfig(
         variant="compact",
         block_q=block_q,

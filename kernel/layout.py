@@ -37,16 +37,11 @@ class VideoLayout:
         if self.frames < 1:
             raise ValueError(f"VideoLayout.frames must be >= 1, got {self.frames}")
         if self.tokens_per_frame < 1:
-            raise ValueError(
-                f"VideoLayout.tokens_per_frame must be >= 1, got {self.tokens_per_frame}"
-            )
+            raise ValueError(f"VideoLayout.tokens_per_frame must be >= 1, got {self.tokens_per_frame}")
         if self.text_tokens < 0:
             raise ValueError(f"VideoLayout.text_tokens must be >= 0, got {self.text_tokens}")
         if self.text_position not in TEXT_POSITIONS:
-            raise ValueError(
-                f"VideoLayout.text_position must be one of {TEXT_POSITIONS}, "
-                f"got {self.text_position!r}"
-            )
+            raise ValueError(f"VideoLayout.text_position must be one of {TEXT_POSITIONS}, got {self.text_position!r}")
         if self.seq_len > MAX_SEQ_LEN:
             raise ValueError(
                 f"VideoLayout.seq_len = frames*tokens_per_frame + text_tokens = {self.seq_len} "

@@ -23,7 +23,11 @@ class TpuLoweringError(ValueError):
 
 
 def lower_for_tpu(
-    pattern: SparsityPattern, config: TileConfig, *, batch: int = 1, head_dim: int = 128,
+    pattern: SparsityPattern,
+    config: TileConfig,
+    *,
+    batch: int = 1,
+    head_dim: int = 128,
     dtype: str = "bfloat16",
 ) -> list[str]:
     """Lower every kernel call of ``config`` for TPU; returns the StableHLO texts.
@@ -39,7 +43,9 @@ def lower_for_tpu(
     for heads in head_groups(pattern, config):
         geometry, _, tables, params = prepare_group(pattern, heads, config)
         q = jax.ShapeDtypeStruct((batch, len(heads), tables.num_q_blocks * tables.block_q, head_dim), jnp.dtype(dtype))
-        kv = jax.ShapeDtypeStruct((batch, len(heads), tables.num_kv_blocks * tables.block_kv, head_dim), jnp.dtype(dtype))
+        kv = jax.ShapeDtypeStruct(
+            (batch, len(heads), tables.num_kv_blocks * tables.block_kv, head_dim), jnp.dtype(dtype)
+        )
 
         def call(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             return pallas_block_sparse(q, k, v, tables, geometry, params, config)  # noqa: B023

@@ -63,7 +63,7 @@ def pallas_block_sparse(
     interpret: bool = False,
 ) -> jax.Array:
     """Attention over placed, padded q [B,H,Nq,D], k/v [B,H,Nk,D] -> [B,H,Nq,D]."""
-    B, H, Nq, D = q.shape
+    B, H, _Nq, D = q.shape
     bq, bkv, bkvc = tables.block_q, tables.block_kv, config.block_kv_compute
     nq, nk = tables.num_q_blocks, tables.num_kv_blocks
     uniform = bool((head_params == head_params[0]).all())
@@ -80,15 +80,25 @@ def pallas_block_sparse(
             return static_params
         return tuple(hp_ref[h * HEAD_PARAMS + i] for i in range(HEAD_PARAMS))
 
-    def update(q_ref: Any, k_ref: Any, v_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any,
-               qi: Any, ki: Any, params: tuple[Any, ...] | None) -> None:
+    def update(
+        q_ref: Any,
+        k_ref: Any,
+        v_ref: Any,
+        m_sc: Any,
+        l_sc: Any,
+        acc_sc: Any,
+        qi: Any,
+        ki: Any,
+        params: tuple[Any, ...] | None,
+    ) -> None:
         """Online-softmax update with one kv tile; ``params=None`` means a full tile."""
         qv = q_ref[0, 0]
         for c in range(bkv // bkvc):
             kv = k_ref[0, 0, pl.ds(c * bkvc, bkvc), :]
             vv = v_ref[0, 0, pl.ds(c * bkvc, bkvc), :]
-            s = jax.lax.dot_general(qv, kv, (((1,), (1,)), ((), ())), precision=precision,
-                                    preferred_element_type=jnp.float32)
+            s = jax.lax.dot_general(
+                qv, kv, (((1,), (1,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+            )
             if params is not None:
                 q_slot = qi * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 0)
                 kv_slot = ki * bkv + c * bkvc + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 1)
@@ -98,8 +108,13 @@ def pallas_block_sparse(
             alpha = jnp.exp(m_prev - m_new)
             p = jnp.exp(s - m_new)
             l_sc[...] = alpha * l_sc[...] + p.sum(axis=-1, keepdims=True)
-            pv = jax.lax.dot_general(p.astype(vv.dtype), vv, (((1,), (0,)), ((), ())),
-                                     precision=precision, preferred_element_type=jnp.float32)
+            pv = jax.lax.dot_general(
+                p.astype(vv.dtype),
+                vv,
+                (((1,), (0,)), ((), ())),
+                precision=precision,
+                preferred_element_type=jnp.float32,
+            )
             acc_sc[...] = alpha * acc_sc[...] + pv
             m_sc[...] = m_new
 
@@ -122,8 +137,18 @@ def pallas_block_sparse(
         step_row, step_kv = compact_steps(tables)
         num_steps = int(step_row.shape[0])
 
-        def compact_kernel(row_ref: Any, kvw_ref: Any, hp_ref: Any, q_ref: Any, k_ref: Any,
-                           v_ref: Any, o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any) -> None:
+        def compact_kernel(
+            row_ref: Any,
+            kvw_ref: Any,
+            hp_ref: Any,
+            q_ref: Any,
+            k_ref: Any,
+            v_ref: Any,
+            o_ref: Any,
+            m_sc: Any,
+            l_sc: Any,
+            acc_sc: Any,
+        ) -> None:
             s = pl.program_id(1)
             row = row_ref[s]
             kvw = kvw_ref[s]
@@ -160,20 +185,32 @@ def pallas_block_sparse(
         grid_spec = pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(B, num_steps),
-            in_specs=[pl.BlockSpec((1, 1, bq, D), q_map), pl.BlockSpec((1, 1, bkv, D), kv_map),
-                      pl.BlockSpec((1, 1, bkv, D), kv_map)],
+            in_specs=[
+                pl.BlockSpec((1, 1, bq, D), q_map),
+                pl.BlockSpec((1, 1, bkv, D), kv_map),
+                pl.BlockSpec((1, 1, bkv, D), kv_map),
+            ],
             out_specs=pl.BlockSpec((1, 1, bq, D), q_map),
             scratch_shapes=scratch,
         )
-        semantics: tuple[str, ...] = ("parallel", "arbitrary")
+        semantics: tuple[Any, ...] = ("parallel", "arbitrary")
         prefetch: tuple[Any, ...] = (jnp.asarray(step_row), jnp.asarray(step_kv), hp_flat)
         kernel_fn: Any = compact_kernel
     else:
         kinds = np.stack([tables.kinds(h) for h in range(H)]).astype(np.int32).reshape(-1)
         masked_full = config.variant == "naive"
 
-        def dense_grid_kernel(kind_ref: Any, hp_ref: Any, q_ref: Any, k_ref: Any, v_ref: Any,
-                              o_ref: Any, m_sc: Any, l_sc: Any, acc_sc: Any) -> None:
+        def dense_grid_kernel(
+            kind_ref: Any,
+            hp_ref: Any,
+            q_ref: Any,
+            k_ref: Any,
+            v_ref: Any,
+            o_ref: Any,
+            m_sc: Any,
+            l_sc: Any,
+            acc_sc: Any,
+        ) -> None:
             h, qi, ki = pl.program_id(1), pl.program_id(2), pl.program_id(3)
             kind = kind_ref[(h * nq + qi) * nk + ki]
 
@@ -182,10 +219,12 @@ def pallas_block_sparse(
                 init(m_sc, l_sc, acc_sc)
 
             if masked_full:
+
                 @pl.when(kind != 0)
                 def _() -> None:
                     update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, params_for(h, hp_ref))
             else:
+
                 @pl.when(kind == 2)
                 def _() -> None:
                     update(q_ref, k_ref, v_ref, m_sc, l_sc, acc_sc, qi, ki, None)
@@ -222,5 +261,3 @@ def pallas_block_sparse(
         name=f"tiletune_{config.variant}",
     )
     return call(*prefetch, q, k, v)
-
-

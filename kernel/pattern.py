@@ -47,15 +47,11 @@ class HeadPattern:
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_CODES:
-            raise ValueError(
-                f"HeadPattern.kind must be one of {sorted(KIND_CODES)}, got {self.kind!r}"
-            )
+            raise ValueError(f"HeadPattern.kind must be one of {sorted(KIND_CODES)}, got {self.kind!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int):
             raise ValueError(f"HeadPattern.window must be an integer, got {self.window!r}")
         if not isinstance(self.first_frame_sink, bool):
-            raise ValueError(
-                f"HeadPattern.first_frame_sink must be a bool, got {self.first_frame_sink!r}"
-            )
+            raise ValueError(f"HeadPattern.first_frame_sink must be a bool, got {self.first_frame_sink!r}")
         field = _WINDOW_FIELD[self.kind]
         if self.kind == "dense" and self.window != 0:
             raise ValueError("HeadPattern: a dense head takes no window")
@@ -134,9 +130,7 @@ class HeadPattern:
         return text + ("+sink" if self.first_frame_sink else "")
 
 
-def video_allows(
-    kind: Any, window: Any, sink: Any, fq: Any, pq: Any, fk: Any, pk: Any, tokens_per_frame: int
-) -> Any:
+def video_allows(kind: Any, window: Any, sink: Any, fq: Any, pq: Any, fk: Any, pk: Any, tokens_per_frame: int) -> Any:
     """Whether video query (fq, pq) may attend video key (fk, pk).
 
     ``kind``/``window``/``sink`` are either Python ints (one known head: the rule
@@ -158,10 +152,7 @@ def video_allows(
         (kind == KIND_CODES["dense"])
         | ((kind == KIND_CODES["spatial"]) & (abs(fq - fk) <= window))
         | ((kind == KIND_CODES["temporal"]) & (abs(pq - pk) <= window))
-        | (
-            (kind == KIND_CODES["band"])
-            & (abs((fq * tokens_per_frame + pq) - (fk * tokens_per_frame + pk)) < window)
-        )
+        | ((kind == KIND_CODES["band"]) & (abs((fq * tokens_per_frame + pq) - (fk * tokens_per_frame + pk)) < window))
     )
     return ok | ((sink != 0) & (fk == 0))
 
@@ -190,9 +181,7 @@ class SparsityPattern:
         return cls(layout, (head,) * num_heads)
 
     @classmethod
-    def grouped(
-        cls, layout: VideoLayout, groups: Sequence[tuple[HeadPattern, int]]
-    ) -> SparsityPattern:
+    def grouped(cls, layout: VideoLayout, groups: Sequence[tuple[HeadPattern, int]]) -> SparsityPattern:
         """Build from (pattern, count) groups, heads numbered group after group."""
         heads: list[HeadPattern] = []
         for head, count in groups:

@@ -24,8 +24,13 @@ def mask_rows(pattern: SparsityPattern, head: int, rows: np.ndarray) -> np.ndarr
     is_text, frame, position = lay.token_coords()
     rows = np.asarray(rows)
     rule = video_allows(
-        hp.code, hp.window, int(hp.first_frame_sink),
-        frame[rows][:, None], position[rows][:, None], frame[None, :], position[None, :],
+        hp.code,
+        hp.window,
+        int(hp.first_frame_sink),
+        frame[rows][:, None],
+        position[rows][:, None],
+        frame[None, :],
+        position[None, :],
         lay.tokens_per_frame,
     )
     return rule | is_text[rows][:, None] | is_text[None, :]
@@ -70,9 +75,7 @@ def mask_density(pattern: SparsityPattern) -> float:
     return total / (pattern.num_heads * float(n) * n)
 
 
-def reference_attention(
-    q: Any, k: Any, v: Any, pattern: SparsityPattern, rows: np.ndarray | None = None
-) -> np.ndarray:
+def reference_attention(q: Any, k: Any, v: Any, pattern: SparsityPattern, rows: np.ndarray | None = None) -> np.ndarray:
     """Masked softmax(q k^T) v in float64, no scaling; q/k/v [B, H, N, D] or [H, N, D].
 
     With ``rows`` only those query rows are computed (shape [..., len(rows), D]).
@@ -83,7 +86,7 @@ def reference_attention(
         qa, ka, va = qa[None], ka[None], va[None]
     n = pattern.seq_len
     rows = np.arange(n) if rows is None else np.asarray(rows)
-    out = np.empty(qa.shape[:2] + (rows.shape[0], qa.shape[-1]))
+    out = np.empty((*qa.shape[:2], rows.shape[0], qa.shape[-1]))
     for h in range(qa.shape[1]):
         mask = mask_rows(pattern, h, rows)
         s = np.einsum("bqd,bkd->bqk", qa[:, h, rows], ka[:, h])

@@ -69,8 +69,7 @@ def xla_block_sparse(
             gather = idx[None, :, :, None, None]
             kg = jnp.take_along_axis(kb, gather, axis=2)
             vg = jnp.take_along_axis(vb, gather, axis=2)
-            s = jnp.einsum("bhiqd,bhikd->bhiqk", qb, kg, precision=precision,
-                           preferred_element_type=jnp.float32)
+            s = jnp.einsum("bhiqd,bhikd->bhiqk", qb, kg, precision=precision, preferred_element_type=jnp.float32)
             if masked:
                 kv_slot = idx[:, :, None, None] * bkv + jnp.arange(bkv, dtype=jnp.int32)
                 mask = tile_mask(geometry, q_slot[None], kv_slot, *params)
@@ -79,8 +78,9 @@ def xla_block_sparse(
             alpha = jnp.exp(m - m_new)
             p = jnp.exp(s - m_new[..., None])
             l_new = alpha * l + p.sum(axis=-1)
-            pv = jnp.einsum("bhiqk,bhikd->bhiqd", p.astype(v.dtype), vg, precision=precision,
-                            preferred_element_type=jnp.float32)
+            pv = jnp.einsum(
+                "bhiqk,bhikd->bhiqd", p.astype(v.dtype), vg, precision=precision, preferred_element_type=jnp.float32
+            )
             acc_new = alpha[..., None] * acc + pv
             keep = ok[None, :, :, None]
             return (
@@ -93,7 +93,7 @@ def xla_block_sparse(
         state, _ = jax.lax.scan(step, state, xs)
         return state
 
-    state = (
+    state: tuple[jax.Array, ...] = (
         jnp.full((B, H, nq, bq), MASK_VALUE, jnp.float32),
         jnp.zeros((B, H, nq, bq), jnp.float32),
         jnp.zeros((B, H, nq, bq, D), jnp.float32),

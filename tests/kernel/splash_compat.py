@@ -108,9 +108,7 @@ def splash_block_kinds(mask: np.ndarray, block_q: int, block_kv: int) -> np.ndar
     block_mask = np.asarray(mask_info.block_mask)
     full_shape = (heads, seq_q // block_q, seq_kv // block_kv)
     if block_mask.shape[1:] != full_shape[1:] or block_mask.shape[0] not in (1, heads):
-        raise AssertionError(
-            f"unexpected splash block_mask shape {block_mask.shape}, wanted {full_shape}"
-        )
+        raise AssertionError(f"unexpected splash block_mask shape {block_mask.shape}, wanted {full_shape}")
     # One row per head (copy: process_mask results are cached and shared).
     return np.array(np.broadcast_to(block_mask, full_shape), dtype=np.int8)
 
@@ -149,9 +147,7 @@ def splash_attention_interpret(
     k = jnp.asarray(k, dtype=jnp.float32)
     v = jnp.asarray(v, dtype=jnp.float32)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
-        raise ValueError(
-            f"q, k, v must be 3-D [heads, seq, head_dim], got {q.shape}, {k.shape}, {v.shape}"
-        )
+        raise ValueError(f"q, k, v must be 3-D [heads, seq, head_dim], got {q.shape}, {k.shape}, {v.shape}")
     heads, seq_q, seq_kv = dense.shape
     if q.shape[:2] != (heads, seq_q):
         raise ValueError(f"q shape {q.shape} does not match mask shape {dense.shape}")
@@ -167,9 +163,7 @@ def splash_attention_interpret(
             f"row {row}); splash attention's output is undefined for them"
         )
 
-    block_sizes = splash_kernel.BlockSizes(
-        block_q=int(block_q), block_kv=int(block_kv), block_kv_compute=int(block_kv)
-    )
+    block_sizes = splash_kernel.BlockSizes(block_q=int(block_q), block_kv=int(block_kv), block_kv_compute=int(block_kv))
     kernel = splash_kernel.make_splash_mha_single_device(
         _multi_head_mask(dense),
         block_sizes=block_sizes,

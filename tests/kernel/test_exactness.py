@@ -18,15 +18,15 @@ from tests.kernel.strategies import patterns, tile_configs
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
 
 
-def qkv(pattern: SparsityPattern, batch: int = 1, head_dim: int = 16, seed: int = 0,
-        dtype: str = "float32") -> tuple[jnp.ndarray, ...]:
+def qkv(
+    pattern: SparsityPattern, batch: int = 1, head_dim: int = 16, seed: int = 0, dtype: str = "float32"
+) -> tuple[jnp.ndarray, ...]:
     rng = np.random.default_rng(seed)
     shape = (batch, pattern.num_heads, pattern.seq_len, head_dim)
     return tuple(jnp.asarray(rng.standard_normal(shape), jnp.float32).astype(dtype) for _ in range(3))
 
 
-def max_error(pattern: SparsityPattern, config: TileConfig, backend: str, dtype: str = "float32",
-              **kw: int) -> float:
+def max_error(pattern: SparsityPattern, config: TileConfig, backend: str, dtype: str = "float32", **kw: int) -> float:
     q, k, v = qkv(pattern, dtype=dtype, **kw)
     out = np.asarray(sparse_attention(q, k, v, pattern, config, backend).astype(jnp.float32), np.float64)
     ref = reference_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), pattern)
@@ -36,17 +36,37 @@ def max_error(pattern: SparsityPattern, config: TileConfig, backend: str, dtype:
 
 P13 = VideoLayout(3, 13)  # 13 tokens per frame: not a multiple of 8 nor of any block
 CASES = {
-    "spatial-odd-frame": (SparsityPattern(P13, (HeadPattern.spatial(1), HeadPattern.spatial(0))), "frame_major", "none"),
+    "spatial-odd-frame": (
+        SparsityPattern(P13, (HeadPattern.spatial(1), HeadPattern.spatial(0))),
+        "frame_major",
+        "none",
+    ),
     "spatial-sink-aligned": (SparsityPattern(P13, (HeadPattern.spatial(0, True),)), "frame_major", "frame"),
     "temporal-no-permutation": (SparsityPattern(P13, (HeadPattern.temporal(2),)), "frame_major", "none"),
     "temporal-permuted": (SparsityPattern(P13, (HeadPattern.temporal(2),)), "temporal_major", "none"),
-    "temporal-permuted-sink-aligned": (SparsityPattern(P13, (HeadPattern.temporal(1, True),)), "temporal_major", "frame"),
-    "dense-text-prefix": (SparsityPattern(VideoLayout(2, 12, 7, "prefix"), (HeadPattern.dense(),)), "frame_major", "frame"),
-    "band-text-suffix": (SparsityPattern(VideoLayout(3, 10, 5, "suffix"), (HeadPattern.band(14),)), "frame_major", "none"),
+    "temporal-permuted-sink-aligned": (
+        SparsityPattern(P13, (HeadPattern.temporal(1, True),)),
+        "temporal_major",
+        "frame",
+    ),
+    "dense-text-prefix": (
+        SparsityPattern(VideoLayout(2, 12, 7, "prefix"), (HeadPattern.dense(),)),
+        "frame_major",
+        "frame",
+    ),
+    "band-text-suffix": (
+        SparsityPattern(VideoLayout(3, 10, 5, "suffix"), (HeadPattern.band(14),)),
+        "frame_major",
+        "none",
+    ),
     "mixed-heads-text-prefix": (
-        SparsityPattern(VideoLayout(3, 11, 6, "prefix"), (
-            HeadPattern.spatial(1), HeadPattern.temporal(1), HeadPattern.dense(), HeadPattern.band(9, True))),
-        "temporal_major", "frame"),
+        SparsityPattern(
+            VideoLayout(3, 11, 6, "prefix"),
+            (HeadPattern.spatial(1), HeadPattern.temporal(1), HeadPattern.dense(), HeadPattern.band(9, True)),
+        ),
+        "temporal_major",
+        "frame",
+    ),
 }
 
 
