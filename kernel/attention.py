@@ -10,6 +10,7 @@ config, so the function can be called under ``jax.jit``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -60,11 +61,14 @@ def _slot_maps(placement: TokenPlacement, padded: int) -> tuple[np.ndarray, np.n
     return placement.slot_tokens(padded), placement.token_slots()
 
 
-def head_order(head: HeadPattern, config: TileConfig) -> str:
-    """Only temporal heads are permuted; every other rule is local in frame-major order."""
+def head_placement(head: HeadPattern, config: TileConfig, geometry: TokenPlacement) -> TokenPlacement:
+    """Only temporal heads are permuted; every other rule is local in frame-major order.
+
+    A temporal head with a first-frame sink keeps frame 0 contiguous (``sink_first``).
+    """
     if config.layout == "temporal_major" and head.kind == "temporal":
-        return "temporal_major"
-    return "frame_major"
+        return dataclasses.replace(geometry, order="temporal_major", sink_first=head.first_frame_sink)
+    return geometry
 
 
 def head_groups(pattern: SparsityPattern, config: TileConfig) -> list[list[int]]:
@@ -76,14 +80,15 @@ def head_groups(pattern: SparsityPattern, config: TileConfig) -> list[list[int]]
 
 def prepare_group(
     pattern: SparsityPattern, heads: list[int], config: TileConfig
-) -> tuple[TokenPlacement, list[TokenPlacement], BlockTables, np.ndarray]:
-    """Placements, block tables and head parameters of one call."""
-    layout = pattern.layout
-    geometry = TokenPlacement.build(layout, "frame_major", config.align_unit)
-    placements = [
-        TokenPlacement(layout, head_order(pattern.heads[h], config), geometry.frame_stride, geometry.text_stride)  # type: ignore[arg-type]
-        for h in heads
-    ]
+) -> tuple[tuple[TokenPlacement, ...], list[TokenPlacement], BlockTables, np.ndarray]:
+    """(distinct placements, per-head placements, block tables, head parameters) of one call.
+
+    Head parameters are int32 [H, 4]: kind code, window, sink, and the index of
+    the head's placement among the distinct ones.
+    """
+    geometry = TokenPlacement.build(pattern.layout, "frame_major", config.align_unit)
+    placements = [head_placement(pattern.heads[h], config, geometry) for h in heads]
+    distinct = tuple(dict.fromkeys(placements))
     q_len = round_up(geometry.length, config.block_q)
     kv_len = round_up(geometry.length, config.block_kv)
     tables = build_block_tables(
@@ -95,13 +100,13 @@ def prepare_group(
                 pattern.heads[h].code,
                 pattern.heads[h].window,
                 int(pattern.heads[h].first_frame_sink),
-                int(p.order == "temporal_major"),
+                distinct.index(p),
             ]
             for h, p in zip(heads, placements, strict=True)
         ],
         np.int32,
     )
-    return geometry, placements, tables, params
+    return distinct, placements, tables, params
 
 
 def _place(x: jax.Array, placements: list[TokenPlacement], length: int) -> jax.Array:
@@ -181,7 +186,7 @@ def sparse_attention(
 
     outputs, order = [], []
     for heads in head_groups(pattern, config):
-        geometry, placements, tables, params = prepare_group(pattern, heads, config)
+        distinct, placements, tables, params = prepare_group(pattern, heads, config)
         q_len = tables.num_q_blocks * tables.block_q
         kv_len = tables.num_kv_blocks * tables.block_kv
         sel = jnp.asarray(heads) if len(heads) != pattern.num_heads else None
@@ -191,11 +196,11 @@ def sparse_attention(
         if backend == "xla":
             from kernel.xla_backend import xla_block_sparse
 
-            out = xla_block_sparse(qp, kp, vp, tables, geometry, params, config)
+            out = xla_block_sparse(qp, kp, vp, tables, distinct, params, config)
         else:
             from kernel.pallas_backend import pallas_block_sparse
 
-            out = pallas_block_sparse(qp, kp, vp, tables, geometry, params, config, interpret=backend == "interpret")
+            out = pallas_block_sparse(qp, kp, vp, tables, distinct, params, config, interpret=backend == "interpret")
         outputs.append(_unplace(out, placements, q_len))
         order.extend(heads)
     out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)

@@ -19,10 +19,10 @@ import functools
 import numpy as np
 
 from kernel.pattern import KIND_CODES, HeadPattern
-from kernel.placement import TokenPlacement
+from kernel.placement import Segment, TokenPlacement
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
-_CHUNK_TILES = 1 << 20  # tiles classified per numpy pass (bounds peak memory)
+_CHUNK_PAIRS = 1 << 22  # rectangle pairs classified per numpy pass (bounds peak memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,8 @@ def _head_table(
 ) -> HeadTable:
     nq, nk = q_len // block_q, kv_len // block_kv
     kv_sum = _RangeSummary.of(placement, np.arange(nk) * block_kv, block_kv, sink=head.first_frame_sink)
-    chunk = max(1, _CHUNK_TILES // max(nk, 1))
+    rect_pairs = kv_sum.ok.shape[1] * 3 * len(placement.segments)  # q ranges: 3 rectangles per segment
+    chunk = max(1, _CHUNK_PAIRS // max(nk * rect_pairs, 1))
     row_lengths, kv_parts, full_parts = [], [], []
     for start in range(0, nq, chunk):
         rows = np.arange(start, min(nq, start + chunk))
@@ -179,40 +180,13 @@ class _RangeSummary:
         end = start + size
         t0, t1 = pl.text_start, pl.text_start + lay.text_tokens
         text = np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0, None)
-        if pl.order == "frame_major":
-            majors, stride, minors = lay.frames, pl.frame_stride, lay.tokens_per_frame
-        else:
-            majors, stride, minors = lay.tokens_per_frame, lay.frames, lay.frames
-        a = np.clip(start - pl.video_start, 0, majors * stride)
-        b = np.clip(end - pl.video_start, 0, majors * stride)
-
-        def valid_below(x: np.ndarray) -> np.ndarray:
-            return (x // stride) * minors + np.minimum(x % stride, minors)
-
-        video = valid_below(b) - valid_below(a)
-        has = b > a
-        last = np.maximum(b - 1, 0)
-        ma, mb = a // stride, last // stride
-        ra, rb = a % stride, last % stride
-        one = ma == mb
-        # Three rectangles in (major, minor): head, middle, tail.
-        maj_lo = np.stack([ma, ma + 1, mb], 1)
-        maj_hi = np.stack([ma, mb - 1, mb], 1)
-        min_lo = np.stack([ra, np.zeros_like(ra), np.zeros_like(ra)], 1)
-        min_hi = np.stack(
-            [
-                np.where(one, np.minimum(rb, minors - 1), minors - 1),
-                np.full_like(ra, minors - 1),
-                np.minimum(rb, minors - 1),
-            ],
-            1,
-        )
-        ok = np.stack([has & (ra < minors), has & ~one & (mb - 1 >= ma + 1), has & ~one], 1)
-        ok &= min_lo <= min_hi
-        if pl.order == "frame_major":
-            f_lo, f_hi, p_lo, p_hi = maj_lo, maj_hi, min_lo, min_hi
-        else:
-            f_lo, f_hi, p_lo, p_hi = min_lo, min_hi, maj_lo, maj_hi
+        video = np.zeros_like(start)
+        rects: list[tuple[np.ndarray, ...]] = []
+        for seg in pl.segments:
+            seg_video, seg_rects = _segment_rects(pl, seg, start, end)
+            video = video + seg_video
+            rects.append(seg_rects)
+        f_lo, f_hi, p_lo, p_hi, ok = (np.concatenate([r[i] for r in rects], 1) for i in range(5))
         sink_ok = np.zeros_like(ok)
         if sink:
             # Split frame 0 off every rectangle: a sink head attends those keys always.
@@ -225,6 +199,49 @@ class _RangeSummary:
             ok = np.concatenate([rest_ok, sink_ok], 1)
             sink_ok = np.concatenate([np.zeros_like(sink_ok), sink_ok], 1)
         return cls(text, text + video, f_lo, f_hi, p_lo, p_hi, ok, sink_ok)
+
+
+def _segment_rects(
+    pl: TokenPlacement, seg: Segment, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Valid video tokens of each range inside ``seg`` and their three rectangles
+    (f_lo, f_hi, p_lo, p_hi, ok), each [n, 3]: head, middle, tail of the range."""
+    P = pl.layout.tokens_per_frame
+    if seg.frame_major:
+        majors, minors = seg.frames, P
+    else:
+        majors, minors = P, seg.frames
+    stride = seg.stride
+    origin = pl.video_start + seg.start
+    a = np.clip(start - origin, 0, majors * stride)
+    b = np.clip(end - origin, 0, majors * stride)
+
+    def valid_below(x: np.ndarray) -> np.ndarray:
+        return (x // stride) * minors + np.minimum(x % stride, minors)
+
+    video = valid_below(b) - valid_below(a)
+    has = b > a
+    last = np.maximum(b - 1, 0)
+    ma, mb = a // stride, last // stride
+    ra, rb = a % stride, last % stride
+    one = ma == mb
+    # Three rectangles in (major, minor): head, middle, tail.
+    maj_lo = np.stack([ma, ma + 1, mb], 1)
+    maj_hi = np.stack([ma, mb - 1, mb], 1)
+    min_lo = np.stack([ra, np.zeros_like(ra), np.zeros_like(ra)], 1)
+    min_hi = np.stack(
+        [
+            np.where(one, np.minimum(rb, minors - 1), minors - 1),
+            np.full_like(ra, minors - 1),
+            np.minimum(rb, minors - 1),
+        ],
+        1,
+    )
+    ok = np.stack([has & (ra < minors), has & ~one & (mb - 1 >= ma + 1), has & ~one], 1)
+    ok &= min_lo <= min_hi
+    if seg.frame_major:
+        return video, (maj_lo + seg.first_frame, maj_hi + seg.first_frame, min_lo, min_hi, ok)
+    return video, (min_lo + seg.first_frame, min_hi + seg.first_frame, maj_lo, maj_hi, ok)
 
 
 def _interval_distances(
@@ -258,7 +275,7 @@ def _classify(head: HeadPattern, pl: TokenPlacement, q: _RangeSummary, kv: _Rang
             lo, hi = _interval_distances(qx(q.p_lo), qx(q.p_hi), kx(kv.p_lo), kx(kv.p_hi))
             limit = head.window + 1
         else:
-            if pl.order != "frame_major":
+            if len(pl.segments) != 1 or not pl.segments[0].frame_major:
                 raise ValueError("band heads are only placed in frame-major order")
             per = pl.layout.tokens_per_frame
             lo, hi = _interval_distances(

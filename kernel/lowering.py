@@ -41,14 +41,14 @@ def lower_for_tpu(
         raise TpuLoweringError(str(exc)) from None
     texts = []
     for heads in head_groups(pattern, config):
-        geometry, _, tables, params = prepare_group(pattern, heads, config)
+        placements, _, tables, params = prepare_group(pattern, heads, config)
         q = jax.ShapeDtypeStruct((batch, len(heads), tables.num_q_blocks * tables.block_q, head_dim), jnp.dtype(dtype))
         kv = jax.ShapeDtypeStruct(
             (batch, len(heads), tables.num_kv_blocks * tables.block_kv, head_dim), jnp.dtype(dtype)
         )
 
         def call(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-            return pallas_block_sparse(q, k, v, tables, geometry, params, config)  # noqa: B023
+            return pallas_block_sparse(q, k, v, tables, placements, params, config)  # noqa: B023
 
         try:
             lowered = jax.jit(call).trace(q, kv, kv).lower(lowering_platforms=("tpu",))

@@ -36,7 +36,7 @@ from kernel.placement import TokenPlacement
 from kernel.tile_mask import tile_mask
 from kernel.xla_backend import MASK_VALUE
 
-HEAD_PARAMS = 4  # kind code, window, sink, temporal order
+HEAD_PARAMS = 4  # kind code, window, sink, placement index
 
 
 def compact_steps(tables: BlockTables) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +57,7 @@ def pallas_block_sparse(
     k: jax.Array,
     v: jax.Array,
     tables: BlockTables,
-    geometry: TokenPlacement,
+    placements: tuple[TokenPlacement, ...],
     head_params: np.ndarray,
     config: TileConfig,
     interpret: bool = False,
@@ -69,8 +69,8 @@ def pallas_block_sparse(
     uniform = bool((head_params == head_params[0]).all())
     static_params = None
     if uniform:
-        kind, window, sink, temporal = (int(x) for x in head_params[0])
-        static_params = (kind, window, sink, bool(temporal))
+        kind, window, sink, placement = (int(x) for x in head_params[0])
+        static_params = (kind, window, sink, placement)
     hp_flat = jnp.asarray(head_params.reshape(-1), jnp.int32)
     f32_dot = q.dtype == jnp.float32
     precision = jax.lax.Precision.HIGHEST if f32_dot else None
@@ -102,7 +102,7 @@ def pallas_block_sparse(
             if params is not None:
                 q_slot = qi * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 0)
                 kv_slot = ki * bkv + c * bkvc + jax.lax.broadcasted_iota(jnp.int32, (bq, bkvc), 1)
-                s = jnp.where(tile_mask(geometry, q_slot, kv_slot, *params), s, MASK_VALUE)
+                s = jnp.where(tile_mask(placements, q_slot, kv_slot, *params), s, MASK_VALUE)
             m_prev = m_sc[...]
             m_new = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
             alpha = jnp.exp(m_prev - m_new)

@@ -4,19 +4,25 @@ The kernel does not see the model's token order directly. A placement decides
  - the order of the video tokens: ``frame_major`` (the model's order, token
    (f, p) at ``f*P + p``) or ``temporal_major`` (token (f, p) at ``p*F + f``,
    which turns a temporal head's mask into a band around the diagonal);
+ - for temporal heads with a first-frame sink, ``sink_first``: frame 0 stays a
+   contiguous block ahead of the temporal-major frames 1..F-1. Otherwise the
+   sink keys would be scattered every F slots and touch every kv tile, making
+   every tile of such a head partial;
  - the frame stride: with ``align="frame"`` every frame is padded to a multiple
    of the alignment unit so frame boundaries fall on tile boundaries (and a text
    prefix is padded the same way so the video starts on a tile boundary).
 Padding slots hold zeros, are never attended, and their outputs are dropped.
 
-Slot ``x`` of the placed sequence decodes to (is_text, is_video, frame, position)
-with one integer division; :meth:`TokenPlacement.decode` does it with operators
-only, so numpy, jnp and the Pallas kernel share it.
+The video region is a list of :class:`Segment` s, each frame-major or
+temporal-major; a slot decodes to (is_text, is_video, frame, position) with one
+truncating division per segment, using operators only so numpy, jnp and the
+Pallas kernel share :meth:`TokenPlacement.decode`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal
 
 import jax
@@ -34,13 +40,32 @@ def round_up(x: int, multiple: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Segment:
+    """Frames ``[first_frame, first_frame + frames)`` placed from slot ``start`` (video-relative).
+
+    Frame-major: (f, p) at ``start + (f - first_frame) * stride + p`` (stride >= P).
+    Temporal-major: (f, p) at ``start + p * frames + (f - first_frame)``.
+    """
+
+    start: int
+    first_frame: int
+    frames: int
+    frame_major: bool
+    stride: int
+
+    def slots(self, tokens_per_frame: int) -> int:
+        return self.frames * self.stride if self.frame_major else tokens_per_frame * self.frames
+
+
+@dataclasses.dataclass(frozen=True)
 class TokenPlacement:
     """Placement of one layout's tokens in slots ``[0, length)``."""
 
     layout: VideoLayout
     order: TokenOrder = "frame_major"
-    frame_stride: int = 0  # slots per frame (frame_major) -- >= tokens_per_frame
+    frame_stride: int = 0  # slots per frame -- >= tokens_per_frame
     text_stride: int = 0  # slots reserved for a text prefix -- >= text_tokens
+    sink_first: bool = False  # temporal_major only: frame 0 first, contiguous
 
     def __post_init__(self) -> None:
         lay = self.layout
@@ -56,14 +81,29 @@ class TokenPlacement:
             raise ValueError("text_stride must be >= text_tokens")
         if lay.text_position == "suffix" and self.text_stride != 0:
             raise ValueError("text_stride only applies to a text prefix")
+        if self.sink_first and self.order != "temporal_major":
+            raise ValueError("sink_first only applies to the temporal_major order")
 
     @classmethod
-    def build(cls, layout: VideoLayout, order: TokenOrder, align_unit: int = 0) -> TokenPlacement:
+    def build(
+        cls, layout: VideoLayout, order: TokenOrder, align_unit: int = 0, sink_first: bool = False
+    ) -> TokenPlacement:
         """Placement with frames (and a text prefix) padded to ``align_unit``."""
         if align_unit <= 0:
-            return cls(layout, order)
-        text_stride = round_up(layout.text_tokens, align_unit) if layout.text_position == "prefix" else 0
-        return cls(layout, order, round_up(layout.tokens_per_frame, align_unit), text_stride)
+            return cls(layout, order, sink_first=sink_first)
+        prefix = layout.text_position == "prefix"
+        text_stride = round_up(layout.text_tokens, align_unit) if prefix else 0
+        return cls(layout, order, round_up(layout.tokens_per_frame, align_unit), text_stride, sink_first)
+
+    @functools.cached_property
+    def segments(self) -> tuple[Segment, ...]:
+        F = self.layout.frames
+        if self.order == "frame_major":
+            return (Segment(0, 0, F, True, self.frame_stride),)
+        if not self.sink_first:
+            return (Segment(0, 0, F, False, F),)
+        first = Segment(0, 0, 1, True, self.frame_stride)
+        return (first,) if F == 1 else (first, Segment(self.frame_stride, 1, F - 1, False, F - 1))
 
     @property
     def video_start(self) -> int:
@@ -83,38 +123,32 @@ class TokenPlacement:
         lay = self.layout
         return self.text_stride + self.video_slots + (lay.text_tokens if lay.text_position == "suffix" else 0)
 
-    @property
-    def minor_stride(self) -> int:
-        """Divisor that splits a video slot into (major, minor) coordinates."""
-        return self.frame_stride if self.order == "frame_major" else self.layout.frames
-
-    def decode(self, slot: Any, temporal: Any = None) -> tuple[Any, Any, Any, Any]:
+    def decode(self, slot: Any) -> tuple[Any, Any, Any, Any]:
         """slot -> (is_text, is_video, frame, position), with operators only.
 
-        ``temporal`` overrides the order: a Python bool, or an array / traced
-        scalar when heads of one kernel call are placed in different orders (all
-        placements of one call share strides, only the order differs). Frame and
-        position of non-video slots are garbage and must be masked by the caller.
+        Frame and position of non-video slots are garbage and must be masked by
+        the caller (truncating division of negative offsets included).
         """
         lay = self.layout
-        if temporal is None:
-            temporal = self.order == "temporal_major"
+        P = lay.tokens_per_frame
         v = slot - self.video_start
-        if isinstance(temporal, bool):
-            stride = lay.frames if temporal else self.frame_stride
-            major, minor = _divmod_trunc(v, stride)
-            frame, position = (minor, major) if temporal else (major, minor)
-            used = lay.video_tokens if temporal else self.video_slots
-            is_video = (v >= 0) & (v < used) & (minor < (lay.frames if temporal else lay.tokens_per_frame))
-        else:
-            stride_arr = temporal * lay.frames + (1 - temporal) * self.frame_stride
-            major = _div_trunc_by(v, stride_arr)
-            minor = v - major * stride_arr
-            frame = temporal * minor + (1 - temporal) * major
-            position = temporal * major + (1 - temporal) * minor
-            used = temporal * lay.video_tokens + (1 - temporal) * self.video_slots
-            minors = temporal * lay.frames + (1 - temporal) * lay.tokens_per_frame
-            is_video = (v >= 0) & (v < used) & (minor < minors)
+        is_video: Any = None
+        frame: Any = None
+        position: Any = None
+        for seg in self.segments:
+            local = v - seg.start
+            major, minor = _divmod_trunc(local, seg.stride)
+            if seg.frame_major:
+                f, p = major + seg.first_frame, minor
+                inside = (local >= 0) & (local < seg.slots(P)) & (minor < P)
+            else:
+                f, p = minor + seg.first_frame, major
+                inside = (local >= 0) & (local < seg.slots(P))
+            if is_video is None:
+                is_video, frame, position = inside, f, p
+            else:
+                frame, position = _where(inside, f, frame), _where(inside, p, position)
+                is_video = is_video | inside
         is_text = (slot >= self.text_start) & (slot < self.text_start + lay.text_tokens)
         return is_text, is_video, frame, position
 
@@ -122,12 +156,13 @@ class TokenPlacement:
         """For each token of the model's order, the slot it occupies."""
         lay = self.layout
         is_text, frame, position = lay.token_coords()
-        t = np.arange(lay.seq_len) - lay.text_start
-        if self.order == "frame_major":
-            video_slot = self.video_start + frame * self.frame_stride + position
-        else:
-            video_slot = self.video_start + position * lay.frames + frame
-        return np.where(is_text, self.text_start + t, video_slot).astype(np.int32)
+        slots = self.text_start + np.arange(lay.seq_len) - lay.text_start
+        for seg in self.segments:
+            mine = ~is_text & (frame >= seg.first_frame) & (frame < seg.first_frame + seg.frames)
+            rel = frame - seg.first_frame
+            local = rel * seg.stride + position if seg.frame_major else position * seg.frames + rel
+            slots = np.where(mine, self.video_start + seg.start + local, slots)
+        return slots.astype(np.int32)
 
     def slot_tokens(self, padded_length: int) -> np.ndarray:
         """For each of ``padded_length`` slots, its token index or -1 (padding)."""
@@ -138,12 +173,26 @@ class TokenPlacement:
         return out
 
 
-def _div_trunc_by(x: Any, d: Any) -> Any:
-    """Truncating division by a per-element divisor (numpy or jnp)."""
-    if isinstance(x, np.ndarray | np.integer | int):
-        return np.sign(x) * (np.abs(x) // d)
-    x, d = jnp.broadcast_arrays(x, jnp.asarray(d, dtype=x.dtype))
-    return jax.lax.div(x, d)
+def decode_any(placements: tuple[TokenPlacement, ...], slot: Any, code: Any) -> tuple[Any, Any, Any, Any]:
+    """Decode with ``placements[code]``; ``code`` may be a traced / array value.
+
+    Heads of one kernel call may be placed differently (only their video order
+    differs); a data-driven code selects per head. A Python int decodes once.
+    """
+    if isinstance(code, int):
+        return placements[code].decode(slot)
+    decoded = [p.decode(slot) for p in placements]
+    out = list(decoded[0])
+    for i in range(1, len(decoded)):
+        chosen = code == i
+        out = [_where(chosen, new, old) for new, old in zip(decoded[i], out, strict=True)]
+    return out[0], out[1], out[2], out[3]
+
+
+def _where(cond: Any, a: Any, b: Any) -> Any:
+    if isinstance(cond, np.ndarray | np.bool_ | bool) and isinstance(a, np.ndarray | np.integer | int):
+        return np.where(cond, a, b)
+    return jnp.where(cond, a, b)
 
 
 def _divmod_trunc(x: Any, d: int) -> tuple[Any, Any]:

@@ -11,24 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.pattern import video_allows
-from kernel.placement import TokenPlacement
+from kernel.placement import TokenPlacement, decode_any
 
 
 def tile_mask(
-    geometry: TokenPlacement,
+    placements: tuple[TokenPlacement, ...],
     q_slot: Any,
     kv_slot: Any,
     kind: Any,
     window: Any,
     sink: Any,
-    temporal: Any,
+    placement: Any,
 ) -> Any:
     """Boolean mask (broadcast of q_slot and kv_slot): may query slot attend key slot.
 
-    A padding key is never attended. Padding queries get an arbitrary row (their
-    output is dropped).
+    ``placements`` are the distinct placements of the call and ``placement`` the
+    head's index into them. A padding key is never attended. Padding queries get
+    an arbitrary row (their output is dropped).
     """
-    q_text, q_video, qf, qp = geometry.decode(q_slot, temporal)
-    k_text, k_video, kf, kp = geometry.decode(kv_slot, temporal)
-    rule = video_allows(kind, window, sink, qf, qp, kf, kp, geometry.layout.tokens_per_frame)
+    q_text, q_video, qf, qp = decode_any(placements, q_slot, placement)
+    k_text, k_video, kf, kp = decode_any(placements, kv_slot, placement)
+    rule = video_allows(kind, window, sink, qf, qp, kf, kp, placements[0].layout.tokens_per_frame)
     return (k_text | k_video) & (q_text | k_text | (q_video & k_video & rule))

@@ -34,13 +34,13 @@ def xla_block_sparse(
     k: jax.Array,
     v: jax.Array,
     tables: BlockTables,
-    geometry: TokenPlacement,
+    placements: tuple[TokenPlacement, ...],
     head_params: np.ndarray,
     config: TileConfig,
 ) -> jax.Array:
     """Attention over placed, padded q [B,H,Nq,D], k/v [B,H,Nk,D] -> [B,H,Nq,D].
 
-    ``head_params`` is int32 [H, 4]: (kind code, window, sink, temporal order).
+    ``head_params`` is int32 [H, 4]: (kind code, window, sink, placement index).
     """
     B, H, Nq, D = q.shape
     bq, bkv = tables.block_q, tables.block_kv
@@ -53,7 +53,6 @@ def xla_block_sparse(
     params: list[Any]
     if (head_params == head_params[0]).all():
         params = [int(x) for x in head_params[0]]  # one pattern: rule fixed at trace time
-        params[3] = bool(params[3])
     else:
         params = [jnp.asarray(head_params[:, i]).reshape(H, 1, 1, 1) for i in range(4)]
     q_slot = (jnp.arange(nq, dtype=jnp.int32) * bq)[:, None, None] + jnp.arange(bq, dtype=jnp.int32)[None, :, None]
@@ -72,7 +71,7 @@ def xla_block_sparse(
             s = jnp.einsum("bhiqd,bhikd->bhiqk", qb, kg, precision=precision, preferred_element_type=jnp.float32)
             if masked:
                 kv_slot = idx[:, :, None, None] * bkv + jnp.arange(bkv, dtype=jnp.int32)
-                mask = tile_mask(geometry, q_slot[None], kv_slot, *params)
+                mask = tile_mask(placements, q_slot[None], kv_slot, *params)
                 s = jnp.where(mask[None], s, MASK_VALUE)
             m_new = jnp.maximum(m, s.max(axis=-1))
             alpha = jnp.exp(m - m_new)

@@ -42,7 +42,7 @@ def brute_force_kinds(mask: np.ndarray, slots: np.ndarray, bq: int, bkv: int, nq
     data=st.data(),
     bq=st.integers(1, 9),
     bkv=st.integers(1, 9),
-    order=st.sampled_from(["frame_major", "temporal_major"]),
+    order=st.sampled_from(["frame_major", "temporal_major", "temporal_major_sink_first"]),
     align=st.booleans(),
 )
 def test_classification_equals_brute_force(data: st.DataObject, bq: int, bkv: int, order: str, align: bool) -> None:
@@ -50,7 +50,13 @@ def test_classification_equals_brute_force(data: st.DataObject, bq: int, bkv: in
     head = data.draw(head_patterns(layout))
     if head.kind == "band":
         order = "frame_major"
-    placement = TokenPlacement.build(layout, order, int(np.lcm(bq, bkv)) if align else 0)  # type: ignore[arg-type]
+    sink_first = order.endswith("_sink_first")
+    placement = TokenPlacement.build(
+        layout,
+        order.removesuffix("_sink_first"),  # type: ignore[arg-type]
+        int(np.lcm(bq, bkv)) if align else 0,
+        sink_first=sink_first,
+    )
     q_len, kv_len = round_up(placement.length, bq), round_up(placement.length, bkv)
     tables = build_block_tables([head], [placement], bq, bkv, q_len, kv_len)
     mask = dense_mask(SparsityPattern(layout, (head,)))[0]

@@ -49,12 +49,12 @@ def test_illegal_block_shape_rejected_with_rule(config: TileConfig, rule: str) -
 def test_mosaic_itself_rejects_an_illegal_block_shape() -> None:
     """Bypassing TileConfig.check_tpu, the Pallas TPU lowering still refuses (8, 128) violations."""
     config = TileConfig("compact", 100, 128, 0, "temporal_major", "none", "all")
-    geometry, _, tables, params = prepare_group(MIXED, [0, 1], config)
+    placements, _, tables, params = prepare_group(MIXED, [0, 1], config)
     q = jax.ShapeDtypeStruct((1, 2, tables.num_q_blocks * 100, 128), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, 2, tables.num_kv_blocks * 128, 128), jnp.float32)
 
     def call(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        return pallas_block_sparse(q, k, v, tables, geometry, params, config)
+        return pallas_block_sparse(q, k, v, tables, placements, params, config)
 
     with pytest.raises(ValueError, match="divisible by 8 and 128"):
         jax.jit(call).trace(q, kv, kv).lower(lowering_platforms=("tpu",))

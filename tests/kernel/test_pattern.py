@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
@@ -98,6 +99,27 @@ def test_temporal_major_permutation_and_inverse(pattern: SparsityPattern) -> Non
         for row in permuted:
             idx = np.flatnonzero(row)
             assert idx.max() - idx.min() + 1 == idx.size
+
+
+@settings(max_examples=50, deadline=None)
+@given(pattern=patterns(max_heads=1), align=st.sampled_from([0, 8]))
+def test_sink_first_placement_round_trip(pattern: SparsityPattern, align: int) -> None:
+    """Frame 0 stays contiguous ahead of the temporal-major frames 1..F-1."""
+    lay = pattern.layout
+    placement = TokenPlacement.build(lay, "temporal_major", align, sink_first=True)
+    slots = placement.token_slots()
+    is_text, frame, position = lay.token_coords()
+    first = ~is_text & (frame == 0)
+    np.testing.assert_array_equal(slots[first], placement.video_start + position[first])
+    rest = ~is_text & (frame > 0)
+    expected = placement.video_start + placement.frame_stride + position[rest] * (lay.frames - 1) + frame[rest] - 1
+    np.testing.assert_array_equal(slots[rest], expected)
+    inverse = placement.slot_tokens(placement.length)
+    np.testing.assert_array_equal(inverse[slots], np.arange(lay.seq_len))
+    text, video, f, p = placement.decode(np.arange(placement.length))
+    np.testing.assert_array_equal(np.flatnonzero(video | text), np.sort(slots))
+    np.testing.assert_array_equal(f[slots[~is_text]], frame[~is_text])
+    np.testing.assert_array_equal(p[slots[~is_text]], position[~is_text])
 
 
 def test_presets_have_real_shapes_and_head_mix() -> None:
