@@ -151,7 +151,7 @@ def _print_kernel_report(report: dict) -> None:
         bt = report["block_tables"]
         for r in bt["runs"]:
             out.print(
-                f"block tables {bt['preset']} ({bt['heads']} heads, {bt['distinct_patterns']} distinct, "
+                f"block tables {bt['preset']} ({bt['heads']} heads, {r['distinct_patterns']} distinct patterns, "
                 f"{bt['seq_len']:,} tokens) {r['config']}: {r['build_ms']:.0f} ms, peak {r['peak_mb']:.1f} MB, "
                 f"{r['full']:,} full / {r['partial']:,} partial / {r['empty']:,} empty tiles"
             )

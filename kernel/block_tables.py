@@ -139,13 +139,13 @@ def _head_table(
     kv_len: int,
 ) -> HeadTable:
     nq, nk = q_len // block_q, kv_len // block_kv
-    kv_sum = _RangeSummary.of(placement, np.arange(nk) * block_kv, block_kv, sink=head.first_frame_sink)
-    rect_pairs = kv_sum.ok.shape[1] * 3 * len(placement.segments)  # q ranges: 3 rectangles per segment
+    kv_sum = _RangeSummary.of(placement, np.arange(nk) * block_kv, block_kv, sink=head.first_frame_sink).used()
+    rect_pairs = kv_sum.ok.shape[1] * 3 * len(placement.segments)  # q ranges: at most 3 rectangles per segment
     chunk = max(1, _CHUNK_PAIRS // max(nk * rect_pairs, 1))
     row_lengths, kv_parts, full_parts = [], [], []
     for start in range(0, nq, chunk):
         rows = np.arange(start, min(nq, start + chunk))
-        q_sum = _RangeSummary.of(placement, rows * block_q, block_q, sink=False)
+        q_sum = _RangeSummary.of(placement, rows * block_q, block_q, sink=False).used()
         kinds = _classify(head, placement, q_sum, kv_sum, block_kv)
         r, c = np.nonzero(kinds)
         row_lengths.append(np.bincount(r, minlength=rows.shape[0]))
@@ -199,6 +199,18 @@ class _RangeSummary:
             ok = np.concatenate([rest_ok, sink_ok], 1)
             sink_ok = np.concatenate([np.zeros_like(sink_ok), sink_ok], 1)
         return cls(text, text + video, f_lo, f_hi, p_lo, p_hi, ok, sink_ok)
+
+    def used(self) -> _RangeSummary:
+        """Drop rectangle columns that no range uses (e.g. segments these ranges miss)."""
+        keep = self.ok.any(axis=0)
+        if keep.all():
+            return self
+        keep[np.argmax(keep)] = True  # keep one column so shapes stay 2-D
+        return _RangeSummary(
+            self.text,
+            self.valid,
+            *(x[:, keep] for x in (self.f_lo, self.f_hi, self.p_lo, self.p_hi, self.ok, self.sink)),
+        )
 
 
 def _segment_rects(
