@@ -202,7 +202,7 @@ class _RangeSummary:
 
     def used(self) -> _RangeSummary:
         """Drop rectangle columns that no range uses (e.g. segments these ranges miss)."""
-        keep = self.ok.any(axis=0)
+        keep = np.asarray(self.ok.any(axis=0))
         if keep.all():
             return self
         keep[np.argmax(keep)] = True  # keep one column so shapes stay 2-D
