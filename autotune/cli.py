@@ -10,9 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from server import cli as server_cli
+
 app = typer.Typer(help="tiletune: autotuned tile configs for sparse video attention.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(server_cli.db_app, name="db")
+app.add_typer(server_cli.token_app, name="token")
+app.command()(server_cli.serve)
+app.command()(server_cli.lookup)
+app.command()(server_cli.configs)
+app.command()(server_cli.history)
 
 console = Console(stderr=True)
 

@@ -1,0 +1,111 @@
+"""Workload: everything the best tile config depends on, with a stable key.
+
+A workload is the device kind, backend, dtype, batch, head_dim, the
+SparsityPattern (which fixes heads and sequence length) and the kernel's
+version. Software versions (jax, jaxlib, libtpu) are *not* part of it: a result
+measured under other versions is still served, marked stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from kernel.pattern import SparsityPattern
+
+# Bump when a kernel change can change which config is fastest: tuned results of
+# another kernel version then belong to another workload key.
+KERNEL_VERSION = "1"
+
+BACKENDS = ("tpu", "xla", "interpret")
+DTYPES = ("float32", "bfloat16")
+MAX_BATCH = 4096
+MAX_HEAD_DIM = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    device_kind: str
+    backend: str
+    dtype: str
+    batch: int
+    head_dim: int
+    pattern: SparsityPattern
+    kernel_version: str = KERNEL_VERSION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device_kind, str) or not self.device_kind.strip() or len(self.device_kind) > 64:
+            raise ValueError("device_kind must be a non-empty string of at most 64 characters")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name, hi in (("batch", MAX_BATCH), ("head_dim", MAX_HEAD_DIM)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+                raise ValueError(f"{name} must be an integer in [1, {hi}], got {value!r}")
+
+    @property
+    def heads(self) -> int:
+        return self.pattern.num_heads
+
+    @property
+    def family(self) -> str:
+        """What must match for a tuned config to be a sensible neighbour: the head
+        kinds with their sink flags (as a set), whether text is present and where."""
+        kinds = sorted({h.kind + ("+sink" if h.first_frame_sink else "") for h in self.pattern.heads})
+        lay = self.pattern.layout
+        text = f"text-{lay.text_position}" if lay.text_tokens else "no-text"
+        return f"{self.dtype}|{','.join(kinds)}|{text}"
+
+    def canonical(self) -> dict[str, Any]:
+        return {
+            "device_kind": self.device_kind,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "batch": self.batch,
+            "head_dim": self.head_dim,
+            "pattern": self.pattern.canonical(),
+            "kernel_version": self.kernel_version,
+        }
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Workload:
+        known = {"device_kind", "backend", "dtype", "batch", "head_dim", "pattern", "kernel_version"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"workload: unknown field(s) {sorted(unknown)}")
+        missing = {"device_kind", "backend", "dtype", "batch", "head_dim", "pattern"} - set(data)
+        if missing:
+            raise ValueError(f"workload: missing field(s) {sorted(missing)}")
+        fields = dict(data)
+        fields["pattern"] = SparsityPattern.from_dict(data["pattern"])
+        return cls(**fields)
+
+    def distance(self, other: Workload) -> float:
+        """Dissimilarity of two workloads of one family: sum of log-ratios of sizes and windows."""
+        import math
+
+        def lr(a: float, b: float) -> float:
+            return abs(math.log((a + 1.0) / (b + 1.0)))
+
+        la, lb = self.pattern.layout, other.pattern.layout
+        d = (
+            lr(la.frames, lb.frames)
+            + lr(la.tokens_per_frame, lb.tokens_per_frame)
+            + lr(la.text_tokens, lb.text_tokens)
+            + lr(self.heads, other.heads)
+            + lr(self.head_dim, other.head_dim)
+            + lr(self.batch, other.batch)
+        )
+        wa = sorted(h.window for h in self.pattern.heads)
+        wb = sorted(h.window for h in other.pattern.heads)
+        d += lr(sum(wa) / len(wa), sum(wb) / len(wb))
+        return round(d, 6)

@@ -1,0 +1,59 @@
+"""Alembic environment for tiletune's tables.
+
+Our version table is ``tiletune_alembic_version`` so Optuna's RDB storage can
+keep its own ``alembic_version`` in the same database. SQLite needs
+``render_as_batch`` to alter tables. Only ``tt_*`` tables are ours: Optuna's
+tables are ignored by autogenerate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alembic import context
+from sqlalchemy import Connection
+
+from server.db import make_engine
+from server.models import Base
+from server.settings import get_settings
+
+VERSION_TABLE = "tiletune_alembic_version"
+config = context.config
+
+
+def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    if type_ == "table":
+        return bool(name and name.startswith("tt_"))
+    return True
+
+
+def _configure(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        version_table=VERSION_TABLE,
+        render_as_batch=connection.dialect.name == "sqlite",
+        include_object=_include_object,
+        compare_type=True,
+    )
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    url = config.attributes.get("database_url") or get_settings().database_url
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        _configure(conn)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) migrations are not supported; run against a database")
+run_migrations_online()

@@ -1,0 +1,421 @@
+"""The FastAPI application: lookup, configs, history, jobs, health and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server import models, store
+from server.auth import WRITE_ROLES, authenticate, require_roles
+from server.db import Database
+from server.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
+from server.schemas import (
+    ConfigPage,
+    ErrorOut,
+    JobOut,
+    JobPage,
+    JobRequest,
+    LookupRequest,
+    LookupResponse,
+    TileConfigOut,
+    TimingOut,
+    TrialOut,
+    TrialPage,
+    TunedConfigOut,
+    Versions,
+    WorkloadConfigs,
+)
+from server.settings import Settings
+
+KEY_PATTERN = r"^[0-9a-f]{32}$"
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "Missing, malformed, unknown or revoked bearer token"},
+    403: {"model": ErrorOut, "description": "The token's role may not do this"},
+    404: {"model": ErrorOut, "description": "No such workload or job"},
+    413: {"model": ErrorOut, "description": "Request body too large"},
+    422: {"model": ErrorOut, "description": "Invalid input; the message names the field and the rule"},
+}
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    db: Database = request.app.state.db
+    with db.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def read_access(request: Request, session: SessionDep) -> None:
+    """Reads are open unless TILETUNE_REQUIRE_READ_TOKEN is set."""
+    settings: Settings = request.app.state.settings
+    authenticate(request, session, required=settings.require_read_token)
+
+
+def page_params(
+    request: Request,
+    limit: Annotated[int | None, Query(ge=1, description="Page size (bounded by the server)")] = None,
+    cursor: Annotated[int | None, Query(ge=1, description="next_cursor of the previous page")] = None,
+) -> tuple[int, int | None]:
+    settings: Settings = request.app.state.settings
+    if limit is not None and limit > settings.max_page_size:
+        raise HTTPException(422, f"limit: must be <= {settings.max_page_size}")
+    return limit or settings.default_page_size, cursor
+
+
+PageDep = Annotated[tuple[int, int | None], Depends(page_params)]
+
+
+class BodySizeLimit:
+    """Answer 413 for bodies over the limit, declared or streamed."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await _too_large(send, self.max_bytes)
+            return
+        seen = 0
+
+        async def limited_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLargeError
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLargeError:
+            await _too_large(send, self.max_bytes)
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+async def _too_large(send: Any, limit: int) -> None:
+    body = JSONResponse(
+        {"detail": "request body too large", "message": f"body: larger than the {limit}-byte limit"}, 413
+    )
+    await body({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
+def create_app(settings: Settings | None = None, database: Database | None = None) -> FastAPI:
+    settings = settings or Settings()
+    db = database or Database(settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    app = FastAPI(
+        title="tiletune",
+        version="0.1.0",
+        description="Tuned tile configs for block-sparse video attention, keyed by hardware, shape and pattern.",
+        responses=ERRORS,
+    )
+    app.state.settings = settings
+    app.state.db = db
+    metrics = Metrics()
+    app.state.metrics = metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+        parts = []
+        for err in errors:
+            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+            parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        return JSONResponse({"detail": errors, "message": "; ".join(parts)}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail, "message": str(exc.detail)}, exc.status_code, headers=exc.headers)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness: the process answers (no dependencies)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"], responses={503: {"model": ErrorOut}})
+    def readyz(request: Request) -> JSONResponse:
+        """Readiness: the database answers."""
+        try:
+            with request.app.state.db.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # any driver error means not ready
+            return JSONResponse({"status": "unavailable", "message": f"database: {type(exc).__name__}"}, 503)
+        return JSONResponse({"status": "ok", "database": request.app.state.db.dialect})
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics_route() -> Response:
+        """Prometheus metrics: request counts and latency histograms per route."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    v1 = APIRouter(prefix="/v1")
+
+    @v1.post("/lookup", response_model=LookupResponse, tags=["configs"])
+    def lookup(body: LookupRequest, request: Request, session: SessionDep) -> LookupResponse:
+        """The tuned config of a workload: tuned -> stale -> nearest -> heuristic.
+
+        With ``enqueue=true`` a miss (anything but ``tuned``) queues one tuning job;
+        that is a write and needs a writer token.
+        """
+        token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
+        if body.enqueue and token is not None and token.role not in WRITE_ROLES:
+            raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
+        wl = body.workload.to_workload()
+        versions = body.versions.model_dump()
+        result = store.lookup(session, wl, versions, candidates=settings.nearest_candidates)
+        job_id = None
+        if body.enqueue and result.source != "tuned":
+            row = store.workload_row(session, wl)
+            job, _ = store.enqueue_job(
+                session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
+            )
+            job_id = job.id
+        tuned = result.tuned
+        return LookupResponse(
+            workload_key=result.workload_key,
+            source=result.source,
+            config=TileConfigOut(**result.config),
+            config_id=tuned.id if tuned else None,
+            timing=_timing(tuned) if tuned else None,
+            versions=_versions(tuned) if tuned else None,
+            distance=result.distance,
+            neighbour_key=result.neighbour_key,
+            job_id=job_id,
+        )
+
+    @v1.get("/configs", response_model=ConfigPage, tags=["configs"], dependencies=[Depends(read_access)])
+    def list_configs(
+        session: SessionDep,
+        paging: PageDep,
+        device_kind: Annotated[str | None, Query(max_length=64)] = None,
+        backend: Annotated[str | None, Query(max_length=16)] = None,
+        dtype: Annotated[str | None, Query(max_length=16)] = None,
+        pattern_hash: Annotated[str | None, Query(max_length=64)] = None,
+    ) -> ConfigPage:
+        """Current best configs, newest first, filterable."""
+        query = (
+            select(models.TunedConfig)
+            .join(models.Workload, models.Workload.id == models.TunedConfig.workload_id)
+            .where(models.TunedConfig.is_current.is_(True))
+        )
+        for column, value in (
+            (models.Workload.device_kind, device_kind),
+            (models.Workload.backend, backend),
+            (models.Workload.dtype, dtype),
+            (models.Workload.pattern_hash, pattern_hash),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        rows, cursor = store.page(session, query, models.TunedConfig.id, *paging)
+        keys = _workload_keys(session, {r.workload_id for r in rows})
+        return ConfigPage(items=[_tuned_out(r, keys[r.workload_id]) for r in rows], next_cursor=cursor)
+
+    @v1.get("/configs/{key}", response_model=WorkloadConfigs, tags=["configs"], dependencies=[Depends(read_access)])
+    def workload_configs(session: SessionDep, key: Annotated[str, Path(pattern=KEY_PATTERN)]) -> WorkloadConfigs:
+        """A workload's current best config and every config it superseded."""
+        row = _workload_or_404(session, key)
+        history = session.scalars(
+            select(models.TunedConfig)
+            .where(models.TunedConfig.workload_id == row.id)
+            .order_by(models.TunedConfig.id.desc())
+        ).all()
+        current = next((t for t in history if t.is_current), None)
+        return WorkloadConfigs(
+            workload_key=key,
+            workload=row.spec,
+            current=_tuned_out(current, key) if current else None,
+            history=[_tuned_out(t, key) for t in history],
+        )
+
+    @v1.get("/workloads/{key}/history", response_model=TrialPage, tags=["history"], dependencies=[Depends(read_access)])
+    def workload_history(
+        session: SessionDep,
+        paging: PageDep,
+        key: Annotated[str, Path(pattern=KEY_PATTERN)],
+        status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
+    ) -> TrialPage:
+        """Trials of one workload, newest first."""
+        row = _workload_or_404(session, key)
+        query = select(models.Trial).where(models.Trial.workload_id == row.id)
+        if status is not None:
+            query = query.where(models.Trial.status == status)
+        rows, cursor = store.page(session, query, models.Trial.id, *paging)
+        return TrialPage(items=[_trial_out(t, key) for t in rows], next_cursor=cursor)
+
+    @v1.get("/trials", response_model=TrialPage, tags=["history"], dependencies=[Depends(read_access)])
+    def list_trials(
+        session: SessionDep,
+        paging: PageDep,
+        workload_key: Annotated[str | None, Query(pattern=KEY_PATTERN)] = None,
+        job_id: Annotated[int | None, Query(ge=1)] = None,
+        status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
+    ) -> TrialPage:
+        """Trials across workloads, newest first, filterable."""
+        query = select(models.Trial)
+        if workload_key is not None:
+            row = _workload_or_404(session, workload_key)
+            query = query.where(models.Trial.workload_id == row.id)
+        if job_id is not None:
+            query = query.where(models.Trial.job_id == job_id)
+        if status is not None:
+            query = query.where(models.Trial.status == status)
+        rows, cursor = store.page(session, query, models.Trial.id, *paging)
+        keys = _workload_keys(session, {t.workload_id for t in rows})
+        return TrialPage(items=[_trial_out(t, keys[t.workload_id]) for t in rows], next_cursor=cursor)
+
+    @v1.post(
+        "/jobs",
+        response_model=JobOut,
+        status_code=201,
+        tags=["jobs"],
+        responses={200: {"model": JobOut, "description": "A job was already queued or running"}},
+    )
+    def create_job(
+        body: JobRequest, session: SessionDep, token: Annotated[models.ApiToken, Depends(require_roles(*WRITE_ROLES))]
+    ) -> Any:
+        """Queue a tuning job (never two queued or running jobs for one workload)."""
+        row = store.workload_row(session, body.workload.to_workload())
+        job, created = store.enqueue_job(
+            session, row, budget=body.budget, priority=body.priority, requested_by=token.name
+        )
+        out = _job_out(session, job, row.key)
+        return out if created else JSONResponse(jsonable_encoder(out), 200)
+
+    @v1.get("/jobs", response_model=JobPage, tags=["jobs"], dependencies=[Depends(read_access)])
+    def list_jobs(
+        session: SessionDep,
+        paging: PageDep,
+        status: Annotated[str | None, Query(pattern="^(" + "|".join(models.JOB_STATUSES) + ")$")] = None,
+        workload_key: Annotated[str | None, Query(pattern=KEY_PATTERN)] = None,
+    ) -> JobPage:
+        query = select(models.Job)
+        if status is not None:
+            query = query.where(models.Job.status == status)
+        if workload_key is not None:
+            query = query.where(models.Job.workload_id == _workload_or_404(session, workload_key).id)
+        rows, cursor = store.page(session, query, models.Job.id, *paging)
+        keys = _workload_keys(session, {j.workload_id for j in rows})
+        return JobPage(items=[_job_out(session, j, keys[j.workload_id]) for j in rows], next_cursor=cursor)
+
+    @v1.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[Depends(read_access)])
+    def get_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=2**62)]) -> JobOut:
+        job = _job_or_404(session, job_id)
+        return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
+
+    @v1.post(
+        "/jobs/{job_id}/cancel",
+        response_model=JobOut,
+        tags=["jobs"],
+        dependencies=[Depends(require_roles(*WRITE_ROLES))],
+    )
+    def cancel_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=2**62)]) -> JobOut:
+        """Cancel a queued or running job (a worker stops at its next check); finished jobs are unchanged."""
+        job = store.cancel_job(session, _job_or_404(session, job_id))
+        return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
+
+    app.include_router(v1)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _workload_or_404(session: Session, key: str) -> models.Workload:
+    row = store.find_workload(session, key)
+    if row is None:
+        raise HTTPException(404, f"workload_key: no workload with key {key!r}")
+    return row
+
+
+def _job_or_404(session: Session, job_id: int) -> models.Job:
+    job = session.get(models.Job, job_id)
+    if job is None:
+        raise HTTPException(404, f"job_id: no job {job_id}")
+    return job
+
+
+def _workload_keys(session: Session, ids: set[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    return dict(
+        session.execute(select(models.Workload.id, models.Workload.key).where(models.Workload.id.in_(ids))).all()
+    )
+
+
+def _timing(t: models.TunedConfig) -> TimingOut:
+    return TimingOut(median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, dense_ms=t.dense_ms, speedup=t.speedup)
+
+
+def _versions(t: models.TunedConfig) -> Versions:
+    return Versions(jax=t.jax_version, jaxlib=t.jaxlib_version, libtpu=t.libtpu_version)
+
+
+def _tuned_out(t: models.TunedConfig, key: str) -> TunedConfigOut:
+    return TunedConfigOut(
+        id=t.id,
+        workload_key=key,
+        config=t.config,
+        timing=_timing(t),
+        versions=_versions(t),
+        is_current=t.is_current,
+        created_at=t.created_at,
+        superseded_at=t.superseded_at,
+    )
+
+
+def _trial_out(t: models.Trial, key: str) -> TrialOut:
+    return TrialOut(
+        id=t.id,
+        workload_key=key,
+        job_id=t.job_id,
+        number=t.number,
+        params=t.params,
+        status=t.status,
+        compile_ms=t.compile_ms,
+        median_ms=t.median_ms,
+        p10_ms=t.p10_ms,
+        p90_ms=t.p90_ms,
+        max_error=t.max_error,
+        error=t.error,
+        versions=t.versions,
+        host=t.host,
+        created_at=t.created_at,
+    )
+
+
+def _job_out(session: Session, job: models.Job, key: str) -> JobOut:
+    trials = session.scalar(select(func.count()).select_from(models.Trial).where(models.Trial.job_id == job.id)) or 0
+    return JobOut(
+        id=job.id,
+        workload_key=key,
+        status=job.status,
+        budget=job.budget,
+        priority=job.priority,
+        attempts=job.attempts,
+        lease_owner=job.lease_owner,
+        lease_expires_at=job.lease_expires_at,
+        error=job.error,
+        requested_by=job.requested_by,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        trials=trials,
+    )

@@ -1,0 +1,52 @@
+"""Bearer-token auth: tokens are stored hashed and compared in constant time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from sqlalchemy.orm import Session
+
+from server import store
+from server.models import ApiToken
+
+# Which roles may do what: admins everything; writers queue and cancel jobs;
+# workers (tuning workers, a later issue) write trials and claim jobs.
+WRITE_ROLES = ("writer", "admin")
+
+
+def _token_from(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip() or len(value) > 512:
+        raise HTTPException(401, "authorization: expected 'Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+    return value.strip()
+
+
+def authenticate(request: Request, session: Session, required: bool) -> ApiToken | None:
+    token = _token_from(request)
+    if token is None:
+        if required:
+            raise HTTPException(401, "authorization: a bearer token is required", {"WWW-Authenticate": "Bearer"})
+        return None
+    row = store.verify_token(session, token)
+    if row is None:
+        raise HTTPException(401, "authorization: unknown or revoked token", {"WWW-Authenticate": "Bearer"})
+    return row
+
+
+def require_roles(*roles: str) -> Callable[..., ApiToken]:
+    """A dependency that admits only tokens with one of ``roles``."""
+    from server.app import get_session
+
+    def dependency(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiToken:
+        row = authenticate(request, session, required=True)
+        assert row is not None
+        if row.role not in roles:
+            raise HTTPException(403, f"authorization: role {row.role!r} may not do this (needs {' or '.join(roles)})")
+        return row
+
+    return dependency

@@ -1,0 +1,322 @@
+"""CLI commands of the service: database, tokens, serving, and queries.
+
+``lookup``, ``configs`` and ``history`` speak the HTTP API: to a running server
+with ``--server URL``, or in-process to the database (``--database-url`` /
+``TILETUNE_DATABASE_URL``), so both paths give the same answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens (stored hashed; shown once).", no_args_is_help=True)
+err = Console(stderr=True)
+
+DatabaseOpt = Annotated[
+    str | None, typer.Option("--database-url", help="SQLAlchemy URL (default: TILETUNE_DATABASE_URL or SQLite)")
+]
+ServerOpt = Annotated[str | None, typer.Option("--server", help="Query this server (e.g. http://127.0.0.1:8000)")]
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="TILETUNE_TOKEN", help="Bearer token")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON")]
+
+
+def _settings(database_url: str | None) -> Any:
+    from server.settings import Settings
+
+    return Settings(database_url=database_url) if database_url else Settings()
+
+
+def _out() -> Console:
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseOpt = None, revision: str = "head") -> None:
+    """Apply migrations up to REVISION (default: head)."""
+    from server.migrate import current_revision, upgrade
+
+    url = _settings(database_url).database_url
+    upgrade(url, revision)
+    err.print(f"database at revision {current_revision(url)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str, database_url: DatabaseOpt = None) -> None:
+    """Revert migrations down to REVISION ('base' removes tiletune's tables)."""
+    from server.migrate import current_revision, downgrade
+
+    url = _settings(database_url).database_url
+    downgrade(url, revision)
+    err.print(f"database at revision {current_revision(url)}")
+
+
+@db_app.command("current")
+def db_current(database_url: DatabaseOpt = None) -> None:
+    """Print the database's revision and whether it is the head."""
+    from server.migrate import current_revision, head_revision
+
+    current = current_revision(_settings(database_url).database_url)
+    head = head_revision()
+    print(f"{current or 'none'}{' (head)' if current == head else f' (head is {head})'}")
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Option(help="Who or what uses the token")],
+    role: Annotated[str, typer.Option(help="writer | worker | admin")] = "writer",
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from server import store
+    from server.db import Database
+
+    db = Database(_settings(database_url).database_url)
+    try:
+        with db.sessions() as session:
+            token = store.create_token(session, name, role)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        db.dispose()
+    err.print(f"token {name!r} ({role}) created; it is shown once:")
+    print(token)
+
+
+@token_app.command("revoke")
+def token_revoke(name: str, database_url: DatabaseOpt = None) -> None:
+    """Revoke the token called NAME."""
+    from server import store
+    from server.db import Database
+
+    db = Database(_settings(database_url).database_url)
+    with db.sessions() as session:
+        ok = store.revoke_token(session, name)
+    db.dispose()
+    if not ok:
+        err.print(f"[red]error:[/red] no active token named {name!r}")
+        raise typer.Exit(2)
+    err.print(f"token {name!r} revoked")
+
+
+@token_app.command("list")
+def token_list(database_url: DatabaseOpt = None) -> None:
+    """List tokens (names, roles, state; never the tokens)."""
+    from server import store
+    from server.db import Database
+
+    db = Database(_settings(database_url).database_url)
+    with db.sessions() as session:
+        rows = store.list_tokens(session)
+    db.dispose()
+    table = Table("name", "role", "created", "revoked")
+    for row in rows:
+        table.add_row(row.name, row.role, str(row.created_at)[:19], str(row.revoked_at)[:19] if row.revoked_at else "")
+    _out().print(table)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes")] = 1,
+    database_url: DatabaseOpt = None,
+    migrate: Annotated[bool, typer.Option(help="Apply migrations before serving")] = True,
+) -> None:
+    """Run the API server (uvicorn)."""
+    import uvicorn
+
+    from server.migrate import upgrade
+
+    settings = _settings(database_url)
+    os.environ["TILETUNE_DATABASE_URL"] = settings.database_url
+    if migrate:
+        upgrade(settings.database_url)
+    err.print(f"serving on http://{host}:{port} (database {settings.database_url.split('@')[-1]})")
+    uvicorn.run("server.app:create_app", factory=True, host=host, port=port, workers=workers, log_level="warning")
+
+
+def _request(
+    method: str,
+    path: str,
+    server: str | None,
+    database_url: str | None,
+    token: str | None,
+    body: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    params = {k: v for k, v in (params or {}).items() if v is not None}
+    if server:
+        with httpx.Client(base_url=server, timeout=30) as client:
+            return client.request(method, path, json=body, params=params, headers=headers)
+    from server.app import create_app
+
+    app = create_app(_settings(database_url))
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tiletune") as client:
+            response = await client.request(method, path, json=body, params=params, headers=headers)
+            await response.aread()
+            return response
+
+    try:
+        return asyncio.run(call())
+    finally:
+        app.state.db.dispose()
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        data = {"message": response.text}
+    if response.status_code >= 400:
+        err.print(f"[red]error {response.status_code}:[/red] {data.get('message', data)}")
+        raise typer.Exit(2)
+    return data
+
+
+def lookup(
+    preset: Annotated[str | None, typer.Option(help="Workload preset")] = None,
+    workload: Annotated[str | None, typer.Option(help="Workload JSON file (the API's workload object)")] = None,
+    device_kind: Annotated[str, typer.Option(help="Device kind, e.g. 'TPU v6 lite' or 'cpu'")] = "cpu",
+    backend: Annotated[str, typer.Option(help="tpu | xla | interpret")] = "xla",
+    dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (default: the preset's)")] = None,
+    enqueue: Annotated[bool, typer.Option(help="Queue a tuning job on a miss (needs a writer token)")] = False,
+    server: ServerOpt = None,
+    database_url: DatabaseOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Look up the tuned config of a workload."""
+    if (preset is None) == (workload is None):
+        raise typer.BadParameter("give exactly one of --preset or --workload")
+    if workload is not None:
+        with open(workload) as fh:
+            spec = json.load(fh)
+    else:
+        from kernel.presets import PRESETS
+
+        if preset not in PRESETS:
+            raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        spec = {
+            "device_kind": device_kind,
+            "backend": backend,
+            "dtype": dtype or PRESETS[preset].dtype,
+            "preset": preset,
+        }
+    import jax
+    import jaxlib
+
+    versions = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+    data = _answer(
+        _request(
+            "POST",
+            "/v1/lookup",
+            server,
+            database_url,
+            token,
+            {"workload": spec, "versions": versions, "enqueue": enqueue},
+        )
+    )
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    out = _out()
+    out.print(f"workload {data['workload_key']}: [bold]{data['source']}[/bold]")
+    cfg = data["config"]
+    out.print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+    if data.get("timing"):
+        t = data["timing"]
+        speed = f", {t['speedup']:.2f}x over dense" if t.get("speedup") else ""
+        out.print(f"median {t['median_ms']:.3f} ms (p10 {t['p10_ms']}, p90 {t['p90_ms']}){speed}")
+    if data.get("distance") is not None:
+        out.print(f"nearest tuned workload {data['neighbour_key']} at distance {data['distance']}")
+    if data.get("job_id"):
+        out.print(f"tuning job {data['job_id']} queued")
+
+
+def configs(
+    device_kind: Annotated[str | None, typer.Option()] = None,
+    backend: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    server: ServerOpt = None,
+    database_url: DatabaseOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the current tuned configs."""
+    data = _answer(
+        _request(
+            "GET",
+            "/v1/configs",
+            server,
+            database_url,
+            token,
+            params={"device_kind": device_kind, "backend": backend, "limit": limit},
+        )
+    )
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table("id", "workload", "config", "median ms", "speedup", "jax")
+    for item in data["items"]:
+        c, t = item["config"], item["timing"]
+        table.add_row(
+            str(item["id"]),
+            item["workload_key"],
+            f"{c['variant']} q{c['block_q']} kv{c['block_kv']} {c['layout']} {c['align']}",
+            f"{t['median_ms']:.3f}",
+            f"{t['speedup']:.2f}x" if t.get("speedup") else "-",
+            item["versions"]["jax"],
+        )
+    _out().print(table)
+
+
+def history(
+    key: Annotated[str, typer.Argument(help="Workload key")],
+    status: Annotated[str | None, typer.Option(help="Only trials with this status")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    server: ServerOpt = None,
+    database_url: DatabaseOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trials of one workload, newest first."""
+    data = _answer(
+        _request(
+            "GET",
+            f"/v1/workloads/{key}/history",
+            server,
+            database_url,
+            token,
+            params={"status": status, "limit": limit},
+        )
+    )
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table("trial", "status", "params", "compile ms", "median ms", "max err", "error")
+    for t in data["items"]:
+        p = t["params"]
+        table.add_row(
+            str(t["id"]),
+            t["status"],
+            f"{p.get('variant')} q{p.get('block_q')} kv{p.get('block_kv')}",
+            f"{t['compile_ms']:.0f}" if t["compile_ms"] is not None else "-",
+            f"{t['median_ms']:.3f}" if t["median_ms"] is not None else "-",
+            f"{t['max_error']:.1e}" if t["max_error"] is not None else "-",
+            (t["error"] or "")[:60],
+        )
+    _out().print(table)

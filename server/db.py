@@ -1,0 +1,59 @@
+"""Engine and sessions for SQLite (embedded default, WAL) and PostgreSQL (psycopg 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3 here (SQLAlchemy would pick psycopg2)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def make_engine(url: str, *, busy_timeout_ms: int = 10000, **kwargs: Any) -> Engine:
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000}, **kwargs
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            if ":memory:" not in url:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+
+
+class Database:
+    """An engine and its session factory."""
+
+    def __init__(self, url: str, *, busy_timeout_ms: int = 10000) -> None:
+        self.url = normalize_url(url)
+        self.engine = make_engine(self.url, busy_timeout_ms=busy_timeout_ms)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def session(self) -> Iterator[Session]:
+        with self.sessions() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()

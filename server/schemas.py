@@ -1,0 +1,215 @@
+"""Request and response models of the HTTP API (pydantic 2).
+
+Field limits are checked here first (types, ranges, sizes); the kernel's own
+constructors then check the cross-field rules (windows against the layout,
+heads and sequence length consistent) and their messages are returned as
+validation errors that name the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kernel.layout import MAX_SEQ_LEN
+from kernel.pattern import SparsityPattern
+from kernel.presets import PRESETS, get_preset
+from kernel.workload import KERNEL_VERSION, MAX_BATCH, MAX_HEAD_DIM, Workload
+
+MAX_HEADS = 1024
+Strict = ConfigDict(extra="forbid")
+
+
+class LayoutSpec(BaseModel):
+    model_config = Strict
+    frames: int = Field(ge=1, le=MAX_SEQ_LEN, description="Latent frames F")
+    tokens_per_frame: int = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per frame P")
+    text_tokens: int = Field(0, ge=0, le=MAX_SEQ_LEN, description="Text tokens T")
+    text_position: Literal["prefix", "suffix"] = "suffix"
+
+
+class HeadSpec(BaseModel):
+    model_config = Strict
+    kind: Literal["dense", "spatial", "temporal", "band"]
+    window_frames: int | None = Field(None, ge=0, le=MAX_SEQ_LEN, description="spatial heads: |f - f'| <= w")
+    window_positions: int | None = Field(None, ge=0, le=MAX_SEQ_LEN, description="temporal heads: |p - p'| <= w")
+    tokens: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="band heads: |i - j| < tokens")
+    first_frame_sink: bool = False
+
+
+class PatternSpec(BaseModel):
+    model_config = Strict
+    layout: LayoutSpec
+    heads: Annotated[list[HeadSpec], Field(min_length=1, max_length=MAX_HEADS)]
+
+
+class WorkloadSpec(BaseModel):
+    """A workload: give ``pattern`` (or a ``preset`` name for a real model's pattern)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"device_kind": "TPU v6 lite", "backend": "tpu", "dtype": "bfloat16", "preset": "wan2.1-480p"}]
+        },
+    )
+    device_kind: str = Field(min_length=1, max_length=64, description="jax.devices()[0].device_kind")
+    backend: Literal["tpu", "xla", "interpret"]
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    batch: int = Field(1, ge=1, le=MAX_BATCH)
+    head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM, description="Required unless a preset gives it")
+    pattern: PatternSpec | None = None
+    preset: str | None = Field(None, description=f"One of {', '.join(PRESETS)}")
+    heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Optional check: must equal the pattern's heads")
+    seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Optional check: must equal F*P + T")
+    kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        self.to_workload()
+        return self
+
+    def to_workload(self) -> Workload:
+        if (self.pattern is None) == (self.preset is None):
+            raise ValueError("give exactly one of 'pattern' or 'preset'")
+        head_dim = self.head_dim
+        if self.preset is not None:
+            if self.preset not in PRESETS:
+                raise ValueError(f"preset: unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+            preset = get_preset(self.preset)
+            pattern = preset.pattern(self.heads)
+            head_dim = head_dim or preset.head_dim
+        else:
+            assert self.pattern is not None
+            pattern = SparsityPattern.from_dict(self.pattern.model_dump(exclude_none=True))
+        if head_dim is None:
+            raise ValueError("head_dim: required when no preset is given")
+        if self.heads is not None and self.heads != pattern.num_heads:
+            raise ValueError(f"heads: {self.heads} != the pattern's {pattern.num_heads} heads")
+        if self.seq_len is not None and self.seq_len != pattern.seq_len:
+            raise ValueError(f"seq_len: {self.seq_len} != frames*tokens_per_frame + text_tokens = {pattern.seq_len}")
+        return Workload(self.device_kind, self.backend, self.dtype, self.batch, head_dim, pattern, self.kernel_version)
+
+
+class Versions(BaseModel):
+    model_config = Strict
+    jax: str | None = Field(None, max_length=32)
+    jaxlib: str | None = Field(None, max_length=32)
+    libtpu: str | None = Field(None, max_length=64)
+
+
+class LookupRequest(BaseModel):
+    model_config = Strict
+    workload: WorkloadSpec
+    versions: Versions = Field(default_factory=lambda: Versions(), description="The caller's software versions")
+    enqueue: bool = Field(False, description="On a miss, queue one tuning job (needs a writer token)")
+
+
+class TileConfigOut(BaseModel):
+    variant: str
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+    layout: str
+    align: str
+    head_grouping: str
+
+
+class TimingOut(BaseModel):
+    median_ms: float
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    dense_ms: float | None = None
+    speedup: float | None = Field(None, description="dense_ms / median_ms, when the dense time was measured")
+
+
+class LookupResponse(BaseModel):
+    workload_key: str
+    source: Literal["tuned", "stale", "nearest", "heuristic"]
+    config: TileConfigOut
+    config_id: int | None = None
+    timing: TimingOut | None = None
+    versions: Versions | None = Field(None, description="Versions the config was tuned with")
+    distance: float | None = Field(None, description="For 'nearest': dissimilarity to the neighbour")
+    neighbour_key: str | None = None
+    job_id: int | None = Field(None, description="The job queued (or already queued) for this workload")
+
+
+class TunedConfigOut(BaseModel):
+    id: int
+    workload_key: str
+    config: TileConfigOut
+    timing: TimingOut
+    versions: Versions
+    is_current: bool
+    created_at: dt.datetime
+    superseded_at: dt.datetime | None = None
+
+
+class ConfigPage(BaseModel):
+    items: list[TunedConfigOut]
+    next_cursor: int | None = None
+
+
+class WorkloadConfigs(BaseModel):
+    workload_key: str
+    workload: dict[str, Any]
+    current: TunedConfigOut | None
+    history: list[TunedConfigOut]
+
+
+class TrialOut(BaseModel):
+    id: int
+    workload_key: str
+    job_id: int | None
+    number: int | None
+    params: dict[str, Any]
+    status: str
+    compile_ms: float | None
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    max_error: float | None
+    error: str | None
+    versions: dict[str, Any]
+    host: str | None
+    created_at: dt.datetime
+
+
+class TrialPage(BaseModel):
+    items: list[TrialOut]
+    next_cursor: int | None = None
+
+
+class JobRequest(BaseModel):
+    model_config = Strict
+    workload: WorkloadSpec
+    budget: int = Field(64, ge=1, le=100000, description="Trials to measure")
+    priority: int = Field(0, ge=-1000, le=1000)
+
+
+class JobOut(BaseModel):
+    id: int
+    workload_key: str
+    status: str
+    budget: int
+    priority: int
+    attempts: int
+    lease_owner: str | None
+    lease_expires_at: dt.datetime | None
+    error: str | None
+    requested_by: str | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    trials: int = Field(0, description="Trials recorded so far")
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: int | None = None
+
+
+class ErrorOut(BaseModel):
+    detail: Any
+    message: str

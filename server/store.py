@@ -1,0 +1,305 @@
+"""Store functions: every read and write of the service goes through here.
+
+Sessions are passed in; each function that writes commits its own unit of
+work so a caller never leaves half a change behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from kernel.heuristic import heuristic_config
+from kernel.workload import Workload
+from server import models
+from server.models import ACTIVE_JOB_STATUSES, TOKEN_ROLES, utcnow
+
+TOKEN_PREFIX = "tt_"
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def workload_row(session: Session, wl: Workload) -> models.Workload:
+    """The workload's row, inserted on first sight (race-free per-dialect upsert)."""
+    row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
+    if row is not None:
+        return row
+    values = {
+        "key": wl.key,
+        "device_kind": wl.device_kind,
+        "backend": wl.backend,
+        "dtype": wl.dtype,
+        "family": wl.family,
+        "pattern_hash": wl.pattern.pattern_hash,
+        "kernel_version": wl.kernel_version,
+        "batch": wl.batch,
+        "heads": wl.heads,
+        "head_dim": wl.head_dim,
+        "seq_len": wl.pattern.seq_len,
+        "spec": wl.canonical(),
+        "created_at": utcnow(),
+    }
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(models.Workload).values(**values).on_conflict_do_nothing(index_elements=["key"]))
+    session.commit()
+    row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
+    assert row is not None
+    return row
+
+
+def find_workload(session: Session, key: str) -> models.Workload | None:
+    return session.scalar(select(models.Workload).where(models.Workload.key == key))
+
+
+def workload_of(row: models.Workload) -> Workload:
+    return Workload.from_dict(row.spec)
+
+
+# ---------------------------------------------------------------- trials and tuned configs
+
+
+def params_key(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def record_trial(
+    session: Session, workload: models.Workload, params: dict[str, Any], status: str, **fields: Any
+) -> models.Trial:
+    if status not in models.TRIAL_STATUSES:
+        raise ValueError(f"trial status must be one of {models.TRIAL_STATUSES}, got {status!r}")
+    trial = models.Trial(workload_id=workload.id, params=params, params_key=params_key(params), status=status, **fields)
+    session.add(trial)
+    session.commit()
+    return trial
+
+
+def publish_tuned_config(
+    session: Session,
+    workload: models.Workload,
+    config: dict[str, Any],
+    *,
+    median_ms: float,
+    versions: dict[str, str | None],
+    p10_ms: float | None = None,
+    p90_ms: float | None = None,
+    dense_ms: float | None = None,
+    trial: models.Trial | None = None,
+) -> models.TunedConfig:
+    """Make ``config`` the workload's current best; the previous one is kept, superseded."""
+    now = utcnow()
+    session.execute(
+        update(models.TunedConfig)
+        .where(models.TunedConfig.workload_id == workload.id, models.TunedConfig.is_current.is_(True))
+        .values(is_current=False, superseded_at=now)
+    )
+    row = models.TunedConfig(
+        workload_id=workload.id,
+        trial_id=trial.id if trial else None,
+        config=config,
+        median_ms=median_ms,
+        p10_ms=p10_ms,
+        p90_ms=p90_ms,
+        dense_ms=dense_ms,
+        jax_version=versions.get("jax") or "unknown",
+        jaxlib_version=versions.get("jaxlib") or "unknown",
+        libtpu_version=versions.get("libtpu"),
+        is_current=True,
+        created_at=now,
+    )
+    session.add(row)
+    session.commit()
+    return row
+
+
+def current_config(session: Session, workload_id: int) -> models.TunedConfig | None:
+    return session.scalar(
+        select(models.TunedConfig).where(
+            models.TunedConfig.workload_id == workload_id, models.TunedConfig.is_current.is_(True)
+        )
+    )
+
+
+# ---------------------------------------------------------------- lookup
+
+
+@dataclasses.dataclass
+class LookupResult:
+    workload_key: str
+    source: str  # tuned | stale | nearest | heuristic
+    config: dict[str, Any]
+    tuned: models.TunedConfig | None = None
+    distance: float | None = None
+    neighbour_key: str | None = None
+    job: models.Job | None = None
+    job_created: bool = False
+
+
+def versions_match(tuned: models.TunedConfig, versions: dict[str, str | None]) -> bool:
+    return (
+        tuned.jax_version == (versions.get("jax") or "unknown")
+        and tuned.jaxlib_version == (versions.get("jaxlib") or "unknown")
+        and (tuned.libtpu_version or None) == (versions.get("libtpu") or None)
+    )
+
+
+def lookup(session: Session, wl: Workload, versions: dict[str, str | None], *, candidates: int = 64) -> LookupResult:
+    """tuned (same versions) -> stale (other versions) -> nearest (same device kind,
+    backend and family) -> the kernel's heuristic. Reads only: a miss writes nothing."""
+    row = find_workload(session, wl.key)
+    if row is not None:
+        tuned = current_config(session, row.id)
+        if tuned is not None:
+            source = "tuned" if versions_match(tuned, versions) else "stale"
+            return LookupResult(wl.key, source, tuned.config, tuned)
+    near = nearest(session, wl, candidates)
+    if near is not None:
+        tuned, neighbour, distance = near
+        return LookupResult(wl.key, "nearest", tuned.config, tuned, distance, neighbour.key)
+    config = heuristic_config(wl.pattern, wl.backend, wl.dtype).to_dict()
+    return LookupResult(wl.key, "heuristic", config)
+
+
+def nearest(
+    session: Session, wl: Workload, candidates: int
+) -> tuple[models.TunedConfig, models.Workload, float] | None:
+    """Closest tuned workload of the same device kind, backend and family.
+
+    Candidates are the ``candidates`` nearest by sequence length on each side
+    (index scan), ranked by :meth:`Workload.distance`.
+    """
+    base = (
+        select(models.Workload, models.TunedConfig)
+        .join(models.TunedConfig, models.TunedConfig.workload_id == models.Workload.id)
+        .where(
+            models.Workload.device_kind == wl.device_kind,
+            models.Workload.backend == wl.backend,
+            models.Workload.family == wl.family,
+            models.Workload.key != wl.key,
+            models.TunedConfig.is_current.is_(True),
+        )
+    )
+    seq = wl.pattern.seq_len
+    rows = list(
+        session.execute(base.where(models.Workload.seq_len >= seq).order_by(models.Workload.seq_len).limit(candidates))
+    )
+    rows += list(
+        session.execute(
+            base.where(models.Workload.seq_len < seq).order_by(models.Workload.seq_len.desc()).limit(candidates)
+        )
+    )
+    best: tuple[models.TunedConfig, models.Workload, float] | None = None
+    for neighbour, tuned in rows:
+        distance = wl.distance(workload_of(neighbour))
+        if best is None or distance < best[2]:
+            best = (tuned, neighbour, distance)
+    return best
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def enqueue_job(
+    session: Session, workload: models.Workload, *, budget: int, priority: int = 0, requested_by: str | None = None
+) -> tuple[models.Job, bool]:
+    """Queue a tuning job unless one is queued or running: (job, created)."""
+    existing = active_job(session, workload.id)
+    if existing is not None:
+        return existing, False
+    job = models.Job(
+        workload_id=workload.id, status="queued", budget=budget, priority=priority, requested_by=requested_by
+    )
+    session.add(job)
+    try:
+        session.commit()
+    except IntegrityError:  # another request queued one between our read and insert
+        session.rollback()
+        existing = active_job(session, workload.id)
+        assert existing is not None
+        return existing, False
+    return job, True
+
+
+def active_job(session: Session, workload_id: int) -> models.Job | None:
+    return session.scalar(
+        select(models.Job).where(models.Job.workload_id == workload_id, models.Job.status.in_(ACTIVE_JOB_STATUSES))
+    )
+
+
+def cancel_job(session: Session, job: models.Job) -> models.Job:
+    if job.status in ACTIVE_JOB_STATUSES:
+        job.status = "cancelled"
+        job.lease_owner = None
+        job.lease_expires_at = None
+        session.commit()
+    return job
+
+
+# ---------------------------------------------------------------- listings
+
+
+def page(
+    session: Session, query: Select[Any], id_column: Any, limit: int, cursor: int | None
+) -> tuple[Sequence[Any], int | None]:
+    """Keyset pagination, newest first: rows with id < cursor; returns (rows, next cursor)."""
+    if cursor is not None:
+        query = query.where(id_column < cursor)
+    rows = session.scalars(query.order_by(id_column.desc()).limit(limit + 1)).all()
+    if len(rows) > limit:
+        return rows[:limit], rows[limit - 1].id
+    return rows, None
+
+
+# ---------------------------------------------------------------- tokens
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(session: Session, name: str, role: str) -> str:
+    """Create a token; the plaintext is returned once and never stored."""
+    if role not in TOKEN_ROLES:
+        raise ValueError(f"role must be one of {TOKEN_ROLES}, got {role!r}")
+    if not name or len(name) > 100:
+        raise ValueError("token name must be 1-100 characters")
+    if session.scalar(select(models.ApiToken).where(models.ApiToken.name == name)) is not None:
+        raise ValueError(f"a token named {name!r} already exists")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    session.add(models.ApiToken(name=name, role=role, token_hash=hash_token(token)))
+    session.commit()
+    return token
+
+
+def verify_token(session: Session, token: str) -> models.ApiToken | None:
+    """The active token matching ``token``, compared in constant time, or None."""
+    digest = hash_token(token)
+    row = session.scalar(select(models.ApiToken).where(models.ApiToken.token_hash == digest))
+    if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
+        return None
+    return row
+
+
+def revoke_token(session: Session, name: str) -> bool:
+    row = session.scalar(select(models.ApiToken).where(models.ApiToken.name == name))
+    if row is None or row.revoked_at is not None:
+        return False
+    row.revoked_at = dt.datetime.now(dt.UTC)
+    session.commit()
+    return True
+
+
+def list_tokens(session: Session) -> Sequence[models.ApiToken]:
+    return session.scalars(select(models.ApiToken).order_by(models.ApiToken.id)).all()
