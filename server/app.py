@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
@@ -15,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import models, store
 from server.auth import WRITE_ROLES, authenticate, require_roles
-from server.db import Database
+from server.db import Database, get_session
 from server.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from server.schemas import (
     ConfigPage,
@@ -43,12 +42,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorOut, "description": "Request body too large"},
     422: {"model": ErrorOut, "description": "Invalid input; the message names the field and the rule"},
 }
-
-
-def get_session(request: Request) -> Iterator[Session]:
-    db: Database = request.app.state.db
-    with db.sessions() as session:
-        yield session
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

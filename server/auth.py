@@ -9,6 +9,7 @@ from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
 from server import store
+from server.db import get_session
 from server.models import ApiToken
 
 # Which roles may do what: admins everything; writers queue and cancel jobs;
@@ -40,7 +41,6 @@ def authenticate(request: Request, session: Session, required: bool) -> ApiToken
 
 def require_roles(*roles: str) -> Callable[..., ApiToken]:
     """A dependency that admits only tokens with one of ``roles``."""
-    from server.app import get_session
 
     def dependency(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiToken:
         row = authenticate(request, session, required=True)

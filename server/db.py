@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.requests import Request
 
 
 def normalize_url(url: str) -> str:
@@ -37,6 +38,13 @@ def make_engine(url: str, *, busy_timeout_ms: int = 10000, **kwargs: Any) -> Eng
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """FastAPI dependency: a session of the app's database, closed after the request."""
+    db: Database = request.app.state.db
+    with db.sessions() as session:
+        yield session
 
 
 class Database:
