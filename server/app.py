@@ -9,6 +9,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -140,6 +141,11 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"detail": exc.detail, "message": str(exc.detail)}, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(_request: Request, exc: OperationalError) -> JSONResponse:
+        # The database, not the request, is at fault: say so and let clients retry.
+        return JSONResponse({"detail": "database unavailable", "message": "database: unavailable, retry later"}, 503)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -204,3 +204,16 @@ def test_openapi_documents_the_api(client: TestClient) -> None:
         "/metrics",
     } <= paths
     assert "WorkloadSpec" in spec["components"]["schemas"]
+
+
+def test_database_down_is_503_not_500() -> None:
+    from server.app import create_app
+    from server.settings import Settings
+
+    settings = Settings(database_url="postgresql+psycopg://postgres@127.0.0.1:9/absent")
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        assert client.get("/healthz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+        down = client.post("/v1/lookup", json={"workload": workload_body()})
+        assert down.status_code == 503 and "database" in down.json()["message"]
