@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune import tune_cli
 from server import cli as server_cli
 
 app = typer.Typer(help="tiletune: autotuned tile configs for sparse video attention.", no_args_is_help=True)
@@ -21,6 +22,8 @@ app.command()(server_cli.serve)
 app.command()(server_cli.lookup)
 app.command()(server_cli.configs)
 app.command()(server_cli.history)
+app.command()(tune_cli.tune)
+bench_app.command("search")(tune_cli.bench_search)
 
 console = Console(stderr=True)
 

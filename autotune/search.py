@@ -1,0 +1,217 @@
+"""The search: an Optuna study over the search space, measured through a supervisor.
+
+Per job one study (ask-and-tell, so invalid points are never measured):
+ - samplers: ``tpe`` (default; multivariate TPE with constraints, so failed and
+   invalid regions are learned as infeasible), ``random``, ``grid``, ``gp``
+   (Optuna's GP sampler; needs torch) and ``brute`` (every point, in order);
+ - warm start: the kernel's heuristic config and any given seed configs are
+   enqueued first (``enqueue_trial``);
+ - the same params are never measured twice: a repeated proposal is answered
+   from the study's own record;
+ - a config whose first runs are ``prune_factor`` x slower than the best so far
+   stops early (``pruned``);
+ - at the end the top ``top_k`` configs are re-timed in interleaved rounds and
+   the winner is the best median of those runs, with its spread.
+A fast but wrong config is infeasible and can never win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import optuna
+
+from autotune.measure import Measurement, config_key
+from autotune.space import SearchSpace
+from kernel.config import TileConfig
+from kernel.heuristic import heuristic_config
+
+SAMPLERS = ("tpe", "random", "grid", "gp", "brute")
+PENALTY_MS = 1e9  # objective of infeasible points (never compared with real times)
+
+
+class Measurer(Protocol):
+    def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement: ...
+    def retime(self, config: TileConfig, runs: int) -> list[float]: ...
+    def dense_ms(self, repeats: int = 5) -> float | None: ...
+
+
+@dataclasses.dataclass
+class SearchOptions:
+    trials: int = 40  # measured configs (invalid and repeated proposals do not count)
+    sampler: str = "tpe"
+    seed: int = 0
+    timeout_s: float | None = None  # whole-search time budget
+    top_k: int = 3
+    retime_rounds: int = 4
+    retime_runs: int = 2
+    prune: bool = True
+    prune_factor: float = 2.0
+    seed_configs: tuple[TileConfig, ...] = ()
+    warm_start: bool = True
+    startup_trials: int = 8
+
+
+@dataclasses.dataclass
+class TrialResult:
+    number: int
+    config: TileConfig
+    measurement: Measurement
+
+
+@dataclasses.dataclass
+class SearchResult:
+    trials: list[TrialResult]
+    best: TrialResult | None
+    best_runs_ms: tuple[float, ...] = ()
+    finalists: list[tuple[TileConfig, tuple[float, ...]]] = dataclasses.field(default_factory=list)
+    dense_ms: float | None = None
+    invalid: int = 0
+    repeated: int = 0
+
+    @property
+    def best_median_ms(self) -> float | None:
+        return float(np.median(self.best_runs_ms)) if self.best_runs_ms else None
+
+    @property
+    def best_spread(self) -> float | None:
+        if not self.best_runs_ms:
+            return None
+        runs = np.asarray(self.best_runs_ms)
+        return float((np.percentile(runs, 90) - np.percentile(runs, 10)) / np.median(runs))
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.trials:
+            out[t.measurement.status] = out.get(t.measurement.status, 0) + 1
+        return out
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
+    def constraints(trial: optuna.trial.FrozenTrial) -> tuple[float, ...]:
+        return tuple(trial.user_attrs.get("constraint", (0.0,)))
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            multivariate=True,
+            constraints_func=constraints,
+            n_startup_trials=startup_trials,
+            warn_independent_sampling=False,
+        )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space.dimensions().items()}, seed=seed)
+    if name == "brute":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    if name == "gp":
+        try:
+            import torch  # noqa: F401  # Optuna's GP sampler is built on torch
+        except ImportError:
+            raise ValueError("sampler 'gp' needs torch: pip install 'tiletune[gp]'") from None
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials)
+    raise ValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
+
+
+def run_search(
+    space: SearchSpace,
+    measurer: Measurer,
+    options: SearchOptions | None = None,
+    *,
+    storage: Any = None,
+    study_name: str | None = None,
+    on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
+    on_invalid: Callable[[TileConfig, str], None] | None = None,
+) -> SearchResult:
+    """Search ``space`` with ``measurer``; ``on_trial`` sees every measured trial as it finishes."""
+    o = options or SearchOptions()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dims = space.dimensions()
+    distributions: dict[str, optuna.distributions.BaseDistribution] = {
+        k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in dims.items()
+    }
+    study = optuna.create_study(
+        direction="minimize",
+        sampler=make_sampler(o.sampler, space, o.seed, o.startup_trials),
+        storage=storage,
+        study_name=study_name,
+        load_if_exists=study_name is not None,
+    )
+    if o.warm_start and o.sampler not in ("grid", "brute"):
+        warm = [heuristic_config(space.pattern, space.backend, space.workload.dtype), *o.seed_configs]
+        for config in warm:
+            params = space.params_of(config)
+            if all(params[k] in dims[k] for k in dims):
+                study.enqueue_trial({k: params[k] for k in dims}, skip_if_exists=True)
+
+    result = SearchResult(trials=[], best=None)
+    known: dict[str, tuple[float, bool]] = {}
+    best_ms: float | None = None
+    deadline = time.monotonic() + o.timeout_s if o.timeout_s else None
+    grid_size = int(np.prod([len(v) for v in dims.values()]))
+    asks = 0
+    while len(result.trials) < o.trials and asks < 50 * max(o.trials, grid_size):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        if len(known) >= grid_size:
+            break  # every point has been seen
+        trial = study.ask(distributions)
+        asks += 1
+        config = space.config_from(trial.params)
+        key = config_key(config)
+        if key in known:
+            value, feasible = known[key]
+            result.repeated += 1
+            _tell(study, trial, value, feasible)
+            continue
+        reason = space.violation(config)
+        if reason is not None:
+            known[key] = (PENALTY_MS, False)
+            result.invalid += 1
+            _tell(study, trial, PENALTY_MS, False)
+            if on_invalid is not None:
+                on_invalid(config, reason)
+            continue
+        prune_above = best_ms * o.prune_factor if (o.prune and best_ms is not None) else None
+        measurement = measurer.measure(config, prune_above)
+        feasible = measurement.status in ("ok", "pruned") and measurement.median_ms is not None
+        value = float(measurement.median_ms) if feasible and measurement.median_ms is not None else PENALTY_MS
+        known[key] = (value, feasible)
+        _tell(study, trial, value, feasible)
+        record = TrialResult(trial.number, config, measurement)
+        result.trials.append(record)
+        if measurement.status == "ok" and (best_ms is None or value < best_ms):
+            best_ms = value
+            result.best = record
+        if on_trial is not None:
+            on_trial(record, result)
+    _pick_winner(result, measurer, o)
+    return result
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float, feasible: bool) -> None:
+    trial.set_constraint("infeasible", 0.0 if feasible else 1.0)
+    study.tell(trial, value)
+
+
+def _pick_winner(result: SearchResult, measurer: Measurer, o: SearchOptions) -> None:
+    """Re-time the top configs in interleaved rounds; the best median wins."""
+    ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
+    finalists = ok[: max(1, o.top_k)]
+    if not finalists:
+        result.best = None
+        return
+    runs: dict[int, list[float]] = {t.number: [] for t in finalists}
+    for _ in range(o.retime_rounds):
+        for t in finalists:
+            runs[t.number] += measurer.retime(t.config, o.retime_runs)
+    scored = [(float(np.median(runs[t.number])) if runs[t.number] else float("inf"), t) for t in finalists]
+    scored.sort(key=lambda pair: pair[0])
+    result.finalists = [(t.config, tuple(runs[t.number])) for _, t in scored]
+    result.best = scored[0][1]
+    result.best_runs_ms = tuple(runs[result.best.number]) or result.best.measurement.runs_ms

@@ -1,0 +1,136 @@
+"""``tiletune tune``: one local study on this machine, results stored in the database."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from autotune.measure import MeasureOptions
+from autotune.search import SearchOptions, SearchResult, TrialResult, run_search
+from autotune.space import SearchSpace
+from autotune.supervisor import Supervisor
+from kernel.config import TileConfig
+from kernel.workload import Workload
+
+
+def software_versions() -> dict[str, str | None]:
+    """jax, jaxlib and libtpu versions recorded with every result."""
+    from importlib import metadata
+
+    import jax
+    import jaxlib
+
+    libtpu = None
+    for dist in ("libtpu", "libtpu-nightly"):
+        try:
+            libtpu = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "libtpu": libtpu}
+
+
+@dataclasses.dataclass
+class TuneOutcome:
+    workload_key: str
+    result: SearchResult
+    tuned_config_id: int | None
+    versions: dict[str, str | None]
+
+
+def tune_workload(
+    workload: Workload,
+    *,
+    database_url: str,
+    search: SearchOptions,
+    measure: MeasureOptions | None = None,
+    trial_timeout_s: float = 300.0,
+    inject: dict[str, str] | None = None,
+    job_id: int | None = None,
+    on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
+) -> TuneOutcome:
+    """Search ``workload`` on this machine; store every trial as it finishes, then the best config."""
+    from server import store
+    from server.db import Database
+    from server.migrate import upgrade
+
+    upgrade(database_url)
+    db = Database(database_url)
+    versions = software_versions()
+    host = socket.gethostname()
+    space = SearchSpace(workload, workload.backend)
+    trial_rows: dict[int, int] = {}
+    try:
+        with db.sessions() as session:
+            row = store.workload_row(session, workload)
+
+            def record(trial: TrialResult, result: SearchResult) -> None:
+                stored = store.record_trial(
+                    session,
+                    row,
+                    trial.config.to_dict(),
+                    trial.measurement.status,
+                    number=trial.number,
+                    job_id=job_id,
+                    versions=versions,
+                    host=host,
+                    **trial.measurement.trial_fields(),
+                )
+                trial_rows[trial.number] = stored.id
+                if on_trial is not None:
+                    on_trial(trial, result)
+
+            def record_invalid(config: TileConfig, reason: str) -> None:
+                store.record_trial(
+                    session, row, config.to_dict(), "invalid", job_id=job_id, error=reason, versions=versions, host=host
+                )
+
+            with Supervisor(workload, workload.backend, measure, trial_timeout_s, inject=inject) as supervisor:
+                result = run_search(space, supervisor, search, on_trial=record, on_invalid=record_invalid)
+                result.dense_ms = supervisor.dense_ms()
+            tuned_id = None
+            if result.best is not None and result.best_median_ms is not None:
+                import numpy as np
+
+                runs = np.asarray(result.best_runs_ms)
+                best_row = session.get(store.models.Trial, trial_rows[result.best.number])
+                tuned = store.publish_tuned_config(
+                    session,
+                    row,
+                    result.best.config.to_dict(),
+                    median_ms=result.best_median_ms,
+                    p10_ms=float(np.percentile(runs, 10)),
+                    p90_ms=float(np.percentile(runs, 90)),
+                    dense_ms=result.dense_ms,
+                    versions=versions,
+                    trial=best_row,
+                )
+                tuned_id = tuned.id
+            return TuneOutcome(row.key, result, tuned_id, versions)
+    finally:
+        db.dispose()
+
+
+def local_workload(
+    spec: dict[str, Any] | None, preset: str | None, backend: str, dtype: str | None, batch: int
+) -> Workload:
+    """The workload of this machine's first device from a preset or a workload JSON object."""
+    import jax
+
+    from kernel.attention import resolve_backend
+    from kernel.presets import get_preset
+
+    backend = resolve_backend(backend)
+    device_kind = jax.devices()[0].device_kind
+    if spec is not None:
+        from server.schemas import WorkloadSpec
+
+        spec = {"device_kind": device_kind, "backend": backend, **spec}
+        return WorkloadSpec.model_validate(spec).to_workload()
+    assert preset is not None
+    p = get_preset(preset)
+    return Workload(
+        device_kind, backend, dtype or (p.dtype if backend != "xla" else "float32"), batch, p.head_dim, p.pattern()
+    )
