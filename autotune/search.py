@@ -7,7 +7,8 @@ Per job one study (ask-and-tell, so invalid points are never measured):
  - warm start: the kernel's heuristic config and any given seed configs are
    enqueued first (``enqueue_trial``);
  - the same params are never measured twice: a repeated proposal is answered
-   from the study's own record;
+   from the study's own record, and after a run of proposals that measure
+   nothing an unmeasured valid point is enqueued, so the budget buys new data;
  - a config whose first runs are ``prune_factor`` x slower than the best so far
    stops early (``pruned``);
  - at the end the top ``top_k`` configs are re-timed in interleaved rounds and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,6 +34,7 @@ from kernel.heuristic import heuristic_config
 
 SAMPLERS = ("tpe", "random", "grid", "gp", "brute")
 PENALTY_MS = 1e9  # objective of infeasible points (never compared with real times)
+MAX_STALE_ASKS = 25
 
 
 class Measurer(Protocol):
@@ -92,23 +95,17 @@ class SearchResult:
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
-    def constraints(trial: optuna.trial.FrozenTrial) -> tuple[float, ...]:
-        return tuple(trial.user_attrs.get("constraint", (0.0,)))
-
+    """TPE and GP read each trial's ``infeasible`` constraint (set by :func:`_tell`)."""
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed,
-            multivariate=True,
-            constraints_func=constraints,
-            n_startup_trials=startup_trials,
-            warn_independent_sampling=False,
-        )
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         return optuna.samplers.GridSampler({k: list(v) for k, v in space.dimensions().items()}, seed=seed)
     if name == "brute":
-        return optuna.samplers.BruteForceSampler(seed=seed)
+        with warnings.catch_warnings():  # experimental since Optuna 3.1, stable enough for a plain sweep
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.BruteForceSampler(seed=seed)
     if name == "gp":
         try:
             import torch  # noqa: F401  # Optuna's GP sampler is built on torch
@@ -151,32 +148,42 @@ def run_search(
 
     result = SearchResult(trials=[], best=None)
     known: dict[str, tuple[float, bool]] = {}
+    unmeasured = {config_key(c): c for c in space.enumerate()}
     best_ms: float | None = None
     deadline = time.monotonic() + o.timeout_s if o.timeout_s else None
-    grid_size = int(np.prod([len(v) for v in dims.values()]))
-    asks = 0
-    while len(result.trials) < o.trials and asks < 50 * max(o.trials, grid_size):
+    budget = min(o.trials, len(unmeasured))
+    rng = np.random.default_rng(o.seed)
+    stale = 0  # asks in a row that measured nothing
+    while len(result.trials) < budget:
         if deadline is not None and time.monotonic() > deadline:
             break
-        if len(known) >= grid_size:
-            break  # every point has been seen
+        if stale >= MAX_STALE_ASKS:
+            # The sampler keeps proposing known or invalid points: measure an
+            # unmeasured valid one instead, so the budget is spent on new data.
+            keys = sorted(unmeasured)
+            pick = unmeasured[keys[int(rng.integers(len(keys)))]]
+            study.enqueue_trial({k: space.params_of(pick)[k] for k in dims})
+            stale = 0
         trial = study.ask(distributions)
-        asks += 1
         config = space.config_from(trial.params)
         key = config_key(config)
         if key in known:
             value, feasible = known[key]
             result.repeated += 1
+            stale += 1
             _tell(study, trial, value, feasible)
             continue
         reason = space.violation(config)
         if reason is not None:
             known[key] = (PENALTY_MS, False)
             result.invalid += 1
+            stale += 1
             _tell(study, trial, PENALTY_MS, False)
             if on_invalid is not None:
                 on_invalid(config, reason)
             continue
+        stale = 0
+        unmeasured.pop(key, None)
         prune_above = best_ms * o.prune_factor if (o.prune and best_ms is not None) else None
         measurement = measurer.measure(config, prune_above)
         feasible = measurement.status in ("ok", "pruned") and measurement.median_ms is not None

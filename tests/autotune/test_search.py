@@ -1,0 +1,122 @@
+"""The search never measures an invalid point or the same params twice, never picks a
+wrong config, and picks the winner by the re-timed median."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.measure import Measurement, config_key
+from autotune.search import SearchOptions, run_search
+from autotune.space import SearchSpace
+from kernel.config import TileConfig
+from kernel.layout import VideoLayout
+from kernel.pattern import HeadPattern, SparsityPattern
+from kernel.workload import Workload
+
+WORKLOAD = Workload(
+    "cpu",
+    "xla",
+    "float32",
+    1,
+    32,
+    SparsityPattern(VideoLayout(4, 128), (HeadPattern.spatial(1), HeadPattern.temporal(4))),
+)
+
+
+def cost(config: TileConfig) -> float:
+    """A smooth synthetic cost with its optimum at q128 kv128 compact temporal_major."""
+    import math
+
+    c = abs(math.log2(config.block_q / 128)) + abs(math.log2(config.block_kv / 128))
+    c += 0.5 * (config.variant == "naive") + 0.8 * (config.layout == "frame_major") + 0.1 * (config.align == "none")
+    return 10.0 + 3.0 * c + 0.2 * (config.head_grouping == "all")
+
+
+@dataclasses.dataclass
+class FakeMeasurer:
+    """Answers from ``cost``; ``wrong`` configs are fast but wrong; ``retime`` can be overridden."""
+
+    wrong: set[str] = dataclasses.field(default_factory=set)
+    retimed: dict[str, float] = dataclasses.field(default_factory=dict)
+    measured: list[TileConfig] = dataclasses.field(default_factory=list)
+
+    def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
+        self.measured.append(config)
+        if config_key(config) in self.wrong:
+            return Measurement("wrong", compile_ms=1.0, max_error=1.0, error="injected wrong result")
+        t = cost(config)
+        return Measurement("ok", compile_ms=1.0, runs_ms=(t, t * 1.01, t * 0.99), max_error=1e-7)
+
+    def retime(self, config: TileConfig, runs: int) -> list[float]:
+        t = self.retimed.get(config_key(config), cost(config))
+        return [t] * runs
+
+    def dense_ms(self, repeats: int = 5) -> float | None:
+        return 100.0
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "brute"])
+def test_no_params_measured_twice_and_no_invalid_point_measured(sampler: str) -> None:
+    space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
+    measurer = FakeMeasurer()
+    invalid: list[str] = []
+    result = run_search(
+        space,
+        measurer,
+        SearchOptions(trials=60, sampler=sampler, seed=1),
+        on_invalid=lambda config, reason: invalid.append(reason),
+    )
+    keys = [config_key(c) for c in measurer.measured]
+    assert len(keys) == len(set(keys)) == len(result.trials)
+    assert all(space.violation(c) is None for c in measurer.measured)
+    # Frames of 128 tokens aligned to 256 or 512 tiles pad far over 10%: such points exist and are skipped.
+    assert any(space.violation(c) for c in space.candidates())
+    assert all("padding" in r for r in invalid)
+
+
+def test_wrong_result_is_recorded_and_never_selected() -> None:
+    from kernel.heuristic import heuristic_config
+
+    space = SearchSpace(WORKLOAD, "xla")
+    best = heuristic_config(WORKLOAD.pattern, "xla", "float32")
+    assert cost(best) < 11  # close to the optimum: it would win if it were allowed to
+    measurer = FakeMeasurer(wrong={config_key(best)})
+    result = run_search(space, measurer, SearchOptions(trials=40, seed=0))
+    statuses = {config_key(t.config): t.measurement.status for t in result.trials}
+    assert statuses.get(config_key(best)) == "wrong"  # the heuristic warm start proposes it first
+    assert result.best is not None and config_key(result.best.config) != config_key(best)
+    assert all(config_key(c) != config_key(best) for c, _ in result.finalists)
+
+
+def test_winner_is_the_best_median_of_the_retimed_finalists() -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    measurer = FakeMeasurer()
+    first = run_search(space, measurer, SearchOptions(trials=30, seed=3, top_k=3))
+    assert len(first.finalists) == 3
+    # Make the third of the first search's finalists the fastest when re-timed.
+    slow_at_first = first.finalists[2][0]
+    measurer = FakeMeasurer(retimed={config_key(slow_at_first): 1.0})
+    result = run_search(space, measurer, SearchOptions(trials=30, seed=3, top_k=3))
+    assert result.best is not None and config_key(result.best.config) == config_key(slow_at_first)
+    assert result.best_median_ms == 1.0
+    medians = [sorted(runs)[len(runs) // 2] for _, runs in result.finalists]
+    assert medians == sorted(medians)
+
+
+def test_heuristic_warm_start_and_seed_configs_come_first() -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    seed_config = TileConfig("naive", 64, 256, 0, "frame_major", "none", "all")
+    measurer = FakeMeasurer()
+    run_search(space, measurer, SearchOptions(trials=5, seed_configs=(seed_config,)))
+    from kernel.heuristic import heuristic_config
+
+    assert measurer.measured[0] == heuristic_config(WORKLOAD.pattern, "xla", "float32")
+    assert measurer.measured[1] == seed_config
+
+
+def test_tpe_finds_the_optimum_of_a_smooth_cost() -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    result = run_search(space, FakeMeasurer(), SearchOptions(trials=40, seed=0))
+    assert result.best is not None and result.best_median_ms == pytest.approx(10.0)
