@@ -94,6 +94,14 @@ class SearchResult:
         return out
 
 
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler without its Study.stop() at the end of the grid: stop() only works
+    inside optimize(), and the ask-and-tell loop ends by itself when every point is seen."""
+
+    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        return None
+
+
 def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
     """TPE and GP read each trial's ``infeasible`` constraint (set by :func:`_tell`)."""
     if name == "tpe":
@@ -101,7 +109,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space.dimensions().items()}, seed=seed)
+        return _AskTellGridSampler({k: list(v) for k, v in space.dimensions().items()}, seed=seed)
     if name == "brute":
         with warnings.catch_warnings():  # experimental since Optuna 3.1, stable enough for a plain sweep
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -36,6 +36,8 @@ from server.schemas import (
 from server.settings import Settings
 
 KEY_PATTERN = r"^[0-9a-f]{32}$"
+MAX_ID = 2**31 - 1  # INTEGER primary keys: int4 on PostgreSQL
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "Missing, malformed, unknown or revoked bearer token"},
     403: {"model": ErrorOut, "description": "The token's role may not do this"},
@@ -57,7 +59,7 @@ def read_access(request: Request, session: SessionDep) -> None:
 def page_params(
     request: Request,
     limit: Annotated[int | None, Query(ge=1, description="Page size (bounded by the server)")] = None,
-    cursor: Annotated[int | None, Query(ge=1, description="next_cursor of the previous page")] = None,
+    cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")] = None,
 ) -> tuple[int, int | None]:
     settings: Settings = request.app.state.settings
     if limit is not None and limit > settings.max_page_size:
@@ -83,25 +85,34 @@ class BodySizeLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await _too_large(send, self.max_bytes)
             return
+        if declared is not None:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited_receive() -> dict[str, Any]:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLargeError
-            return message
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_bytes:
+                await _too_large(send, self.max_bytes)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLargeError:
-            await _too_large(send, self.max_bytes)
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class _BodyTooLargeError(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 async def _too_large(send: Any, limit: int) -> None:
@@ -131,9 +142,15 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = jsonable_encoder(exc.errors(), custom_encoder={Exception: str})
+        # "input" is not echoed: it may hold NaN/Infinity or lone surrogates (unrenderable) or a 1 MiB body.
+        raw = [{k: v for k, v in err.items() if k != "input"} for err in exc.errors()]
+        errors = jsonable_encoder(raw, custom_encoder={Exception: str})
         parts = []
         for err in errors:
+            if err.get("type") == "json_invalid":  # loc is ("body", <character offset>)
+                offset = err.get("loc", ("body", "?"))[-1]
+                parts.append(f"body: invalid JSON at character {offset}: {err.get('ctx', {}).get('error', '')}")
+                continue
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
             parts.append(f"{loc}: {err.get('msg', 'invalid')}")
         return JSONResponse({"detail": errors, "message": "; ".join(parts)}, 422)
@@ -206,10 +223,10 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     def list_configs(
         session: SessionDep,
         paging: PageDep,
-        device_kind: Annotated[str | None, Query(max_length=64)] = None,
-        backend: Annotated[str | None, Query(max_length=16)] = None,
-        dtype: Annotated[str | None, Query(max_length=16)] = None,
-        pattern_hash: Annotated[str | None, Query(max_length=64)] = None,
+        device_kind: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
+        backend: Annotated[str | None, Query(max_length=16, pattern=NO_NUL)] = None,
+        dtype: Annotated[str | None, Query(max_length=16, pattern=NO_NUL)] = None,
+        pattern_hash: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     ) -> ConfigPage:
         """Current best configs, newest first, filterable."""
         query = (
@@ -266,7 +283,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         session: SessionDep,
         paging: PageDep,
         workload_key: Annotated[str | None, Query(pattern=KEY_PATTERN)] = None,
-        job_id: Annotated[int | None, Query(ge=1)] = None,
+        job_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
     ) -> TrialPage:
         """Trials across workloads, newest first, filterable."""
@@ -317,7 +334,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         return JobPage(items=[_job_out(session, j, keys[j.workload_id]) for j in rows], next_cursor=cursor)
 
     @v1.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[Depends(read_access)])
-    def get_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=2**62)]) -> JobOut:
+    def get_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
         job = _job_or_404(session, job_id)
         return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
 
@@ -327,7 +344,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         tags=["jobs"],
         dependencies=[Depends(require_roles(*WRITE_ROLES))],
     )
-    def cancel_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=2**62)]) -> JobOut:
+    def cancel_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
         """Cancel a queued or running job (a worker stops at its next check); finished jobs are unchanged."""
         job = store.cancel_job(session, _job_or_404(session, job_id))
         return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])

@@ -19,7 +19,8 @@ from kernel.presets import PRESETS, get_preset
 from kernel.workload import KERNEL_VERSION, MAX_BATCH, MAX_HEAD_DIM, Workload
 
 MAX_HEADS = 1024
-Strict = ConfigDict(extra="forbid")
+Strict = ConfigDict(extra="forbid", strict=True)  # strict: no true/"4"/4.0 for an int
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
 
 
 class LayoutSpec(BaseModel):
@@ -50,11 +51,12 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [{"device_kind": "TPU v6 lite", "backend": "tpu", "dtype": "bfloat16", "preset": "wan2.1-480p"}]
         },
     )
-    device_kind: str = Field(min_length=1, max_length=64, description="jax.devices()[0].device_kind")
+    device_kind: str = Field(min_length=1, max_length=64, pattern=NO_NUL, description="jax.devices()[0].device_kind")
     backend: Literal["tpu", "xla", "interpret"]
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     batch: int = Field(1, ge=1, le=MAX_BATCH)
@@ -63,7 +65,7 @@ class WorkloadSpec(BaseModel):
     preset: str | None = Field(None, description=f"One of {', '.join(PRESETS)}")
     heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Optional check: must equal the pattern's heads")
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Optional check: must equal F*P + T")
-    kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16)
+    kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16, pattern=NO_NUL)
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
@@ -94,9 +96,9 @@ class WorkloadSpec(BaseModel):
 
 class Versions(BaseModel):
     model_config = Strict
-    jax: str | None = Field(None, max_length=32)
-    jaxlib: str | None = Field(None, max_length=32)
-    libtpu: str | None = Field(None, max_length=64)
+    jax: str | None = Field(None, max_length=32, pattern=NO_NUL)
+    jaxlib: str | None = Field(None, max_length=32, pattern=NO_NUL)
+    libtpu: str | None = Field(None, max_length=64, pattern=NO_NUL)
 
 
 class LookupRequest(BaseModel):
