@@ -110,6 +110,122 @@ def bench_kernel_cmd(
         _print_kernel_report(report)
 
 
+@bench_app.command("service")
+def bench_service_cmd(
+    workloads: Annotated[int, typer.Option(min=1, help="Workloads to seed (a quarter get no tuned config).")] = 1000,
+    trials: Annotated[int, typer.Option(min=0, help="Trials to seed, spread unevenly over the workloads.")] = 10000,
+    clients: Annotated[
+        int, typer.Option(min=1, help="Concurrent clients (threads, one keep-alive connection each).")
+    ] = 8,
+    duration: Annotated[float, typer.Option(min=0.1, help="Measured seconds per phase.")] = 10.0,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds of load before each phase.")] = 1.0,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes (the same for both servers).")] = 1,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
+            "before seeding. Default: a new temporary SQLite file, removed afterwards.",
+        ),
+    ] = None,
+    compare_empty: Annotated[
+        bool, typer.Option(help="Also measure the same lookups on the empty database, before seeding.")
+    ] = True,
+    miss_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Lookups of workloads without a tuned config (nearest).")
+    ] = 0.1,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Windows per seeded phase: bare, lookup and history take turns.")
+    ] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Service throughput and p50/p99 latency beside a bare FastAPI route, on an empty and a seeded database.
+
+    Starts uvicorn on 127.0.0.1 (free ports) for the tiletune app and for a bare
+    route with the same settings, and drives each phase from concurrent clients:
+    lookups on the empty database, then, after seeding, the bare route, lookups
+    and history pages in turn. With --database-url the bench deletes every row of that database's
+    tt_* tables first. Exits 1 when any request failed.
+    """
+    from server.bench_service import ServiceBenchError, ServiceBenchOptions, run_service_bench
+
+    opts = ServiceBenchOptions(
+        workloads=workloads,
+        trials=trials,
+        clients=clients,
+        duration_s=duration,
+        warmup_s=warmup,
+        workers=workers,
+        database_url=database_url,
+        compare_empty=compare_empty,
+        miss_fraction=miss_fraction,
+        rounds=rounds,
+    )
+    try:
+        with console.status("benchmarking") as status:
+            report = run_service_bench(opts, progress=lambda msg: status.update(msg))
+    except ServiceBenchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_service_report(report)
+    failed = {name: p["errors"] for name, p in report["phases"].items() if p["errors"]}
+    if failed:
+        console.print(f"[red]failed requests:[/red] {failed}")
+        for name, p in report["phases"].items():
+            for sample in p["error_samples"]:
+                console.print(f"  {name}: {sample}")
+        raise typer.Exit(1)
+
+
+def _print_service_report(report: dict) -> None:
+    out = _stdout_console()
+    o, s = report["options"], report["seed"]
+    out.print(
+        f"[bold]tiletune bench service[/bold] on {o['database']} ({o['database_url']}), uvicorn {o['uvicorn']}, "
+        f"{o['clients']} clients, {o['duration_s']:g} s per phase ({o['rounds']} windows after seeding), "
+        f"{o['cpus']} CPUs"
+    )
+    out.print(
+        f"seeded {s['workloads']:,} workloads ({s['tuned_configs']:,} tuned), {s['trials']:,} trials in "
+        f"{s['seconds']:.1f} s ({s['trials_per_s'] or 0:,} trials/s; plan {s['plan_s']:.1f} s)"
+    )
+    table = Table(
+        "phase", "requests", "errors", "req/s", "p50 ms", "p99 ms", "max ms", "server CPU ms/req", "load", "answers"
+    )
+    for name, p in report["phases"].items():
+        answers = ", ".join(f"{k} {v['count']:,} (p99 {v['p99_ms']:.1f})" for k, v in p.get("by_label", {}).items())
+        table.add_row(
+            name,
+            f"{p['requests']:,}",
+            str(p["errors"]),
+            f"{p['rps']:,.0f}",
+            f"{p['p50_ms']:.2f}" if p["p50_ms"] is not None else "-",
+            f"{p['p99_ms']:.2f}" if p["p99_ms"] is not None else "-",
+            f"{p['max_ms']:.1f}" if p["max_ms"] is not None else "-",
+            f"{p['server_cpu_ms_per_request']:.2f}" if p["server_cpu_ms_per_request"] is not None else "-",
+            f"{p['loadavg_1m']:.1f}" if p["loadavg_1m"] is not None else "-",
+            answers,
+        )
+    out.print(table)
+    r = report["ratios"]
+
+    def fmt(value: float | None, unit: str = "x") -> str:
+        return f"{value:.2f}{unit}" if value is not None else "-"
+
+    out.print(
+        f"lookup req/s / bare req/s: {fmt(r['lookup_rps_over_bare_rps'])}; "
+        f"lookup p99 seeded / empty: {fmt(r['lookup_p99_seeded_over_empty'])}; "
+        f"history p99: {fmt(r['history_p99_ms'], ' ms')}"
+    )
+    out.print(
+        "load: 1-minute load average of the machine during the phase; with more runnable work than "
+        f"{o['cpus']} CPUs, latencies include waiting for a CPU"
+    )
+
+
 def _stdout_console() -> Console:
     """Wide tables when piped to a file; the terminal's width otherwise."""
     return Console() if sys.stdout.isatty() else Console(width=160)

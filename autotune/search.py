@@ -94,6 +94,47 @@ class SearchResult:
         return out
 
 
+class ParamCoding:
+    """How configs look to the sampler: tile sizes as ordinal indices into their sorted
+    choices (so TPE and GP can exploit that neighbouring sizes perform alike), the rest
+    as categories."""
+
+    ORDINAL = ("block_q", "block_kv", "block_kv_compute")
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+        self.dims = {k: tuple(sorted(v)) if k in self.ORDINAL else tuple(v) for k, v in space.dimensions().items()}
+
+    def _ordinal(self, name: str) -> bool:
+        return name in self.ORDINAL and len(self.dims[name]) > 1
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        out: dict[str, optuna.distributions.BaseDistribution] = {}
+        for name, choices in self.dims.items():
+            if self._ordinal(name):
+                out[name] = optuna.distributions.IntDistribution(0, len(choices) - 1)
+            else:
+                out[name] = optuna.distributions.CategoricalDistribution(list(choices))
+        return out
+
+    def grid(self) -> dict[str, list[Any]]:
+        return {k: list(range(len(v))) if self._ordinal(k) else list(v) for k, v in self.dims.items()}
+
+    def decode(self, params: dict[str, Any]) -> TileConfig:
+        values = {k: self.dims[k][int(v)] if self._ordinal(k) else v for k, v in params.items()}
+        return self.space.config_from(values)
+
+    def encode(self, config: TileConfig) -> dict[str, Any] | None:
+        """Sampler params of ``config``, or None if it lies outside the dimensions."""
+        params = self.space.params_of(config)
+        out: dict[str, Any] = {}
+        for name, choices in self.dims.items():
+            if params[name] not in choices:
+                return None
+            out[name] = choices.index(params[name]) if self._ordinal(name) else params[name]
+        return out
+
+
 class _AskTellGridSampler(optuna.samplers.GridSampler):
     """GridSampler without its Study.stop() at the end of the grid: stop() only works
     inside optimize(), and the ask-and-tell loop ends by itself when every point is seen."""
@@ -109,7 +150,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) 
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return _AskTellGridSampler({k: list(v) for k, v in space.dimensions().items()}, seed=seed)
+        return _AskTellGridSampler(ParamCoding(space).grid(), seed=seed)
     if name == "brute":
         with warnings.catch_warnings():  # experimental since Optuna 3.1, stable enough for a plain sweep
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -136,10 +177,8 @@ def run_search(
     """Search ``space`` with ``measurer``; ``on_trial`` sees every measured trial as it finishes."""
     o = options or SearchOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    dims = space.dimensions()
-    distributions: dict[str, optuna.distributions.BaseDistribution] = {
-        k: optuna.distributions.CategoricalDistribution(list(v)) for k, v in dims.items()
-    }
+    coding = ParamCoding(space)
+    distributions = coding.distributions()
     study = optuna.create_study(
         direction="minimize",
         sampler=make_sampler(o.sampler, space, o.seed, o.startup_trials),
@@ -150,9 +189,9 @@ def run_search(
     if o.warm_start and o.sampler not in ("grid", "brute"):
         warm = [heuristic_config(space.pattern, space.backend, space.workload.dtype), *o.seed_configs]
         for config in warm:
-            params = space.params_of(config)
-            if all(params[k] in dims[k] for k in dims):
-                study.enqueue_trial({k: params[k] for k in dims}, skip_if_exists=True)
+            encoded = coding.encode(config)
+            if encoded is not None:
+                study.enqueue_trial(encoded, skip_if_exists=True)
 
     result = SearchResult(trials=[], best=None)
     known: dict[str, tuple[float, bool]] = {}
@@ -170,10 +209,12 @@ def run_search(
             # unmeasured valid one instead, so the budget is spent on new data.
             keys = sorted(unmeasured)
             pick = unmeasured[keys[int(rng.integers(len(keys)))]]
-            study.enqueue_trial({k: space.params_of(pick)[k] for k in dims})
+            encoded = coding.encode(pick)
+            assert encoded is not None
+            study.enqueue_trial(encoded)
             stale = 0
         trial = study.ask(distributions)
-        config = space.config_from(trial.params)
+        config = coding.decode(trial.params)
         key = config_key(config)
         if key in known:
             value, feasible = known[key]
