@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Any
 
 from kernel.pattern import SparsityPattern
@@ -89,23 +90,28 @@ class Workload:
         fields["pattern"] = SparsityPattern.from_dict(data["pattern"])
         return cls(**fields)
 
+    def features(self) -> dict[str, float]:
+        """The numbers the nearest-neighbour distance compares (stored as columns)."""
+        lay = self.pattern.layout
+        windows = [h.window for h in self.pattern.heads]
+        return {
+            "frames": lay.frames,
+            "tokens_per_frame": lay.tokens_per_frame,
+            "text_tokens": lay.text_tokens,
+            "heads": self.heads,
+            "head_dim": self.head_dim,
+            "batch": self.batch,
+            "mean_window": sum(windows) / len(windows),
+        }
+
     def distance(self, other: Workload) -> float:
-        """Dissimilarity of two workloads of one family: sum of log-ratios of sizes and windows."""
-        import math
+        """Dissimilarity of two workloads of one family (see :func:`feature_distance`)."""
+        return feature_distance(self.features(), other.features())
 
-        def lr(a: float, b: float) -> float:
-            return abs(math.log((a + 1.0) / (b + 1.0)))
 
-        la, lb = self.pattern.layout, other.pattern.layout
-        d = (
-            lr(la.frames, lb.frames)
-            + lr(la.tokens_per_frame, lb.tokens_per_frame)
-            + lr(la.text_tokens, lb.text_tokens)
-            + lr(self.heads, other.heads)
-            + lr(self.head_dim, other.head_dim)
-            + lr(self.batch, other.batch)
-        )
-        wa = sorted(h.window for h in self.pattern.heads)
-        wb = sorted(h.window for h in other.pattern.heads)
-        d += lr(sum(wa) / len(wa), sum(wb) / len(wb))
-        return round(d, 6)
+FEATURES = ("frames", "tokens_per_frame", "text_tokens", "heads", "head_dim", "batch", "mean_window")
+
+
+def feature_distance(a: dict[str, float], b: dict[str, float]) -> float:
+    """Sum over the features of |log((x + 1) / (y + 1))|: scale-free, 0 for equal workloads."""
+    return round(sum(abs(math.log((a[f] + 1.0) / (b[f] + 1.0))) for f in FEATURES), 6)

@@ -25,7 +25,6 @@ from server.schemas import (
     JobRequest,
     LookupRequest,
     LookupResponse,
-    TileConfigOut,
     TimingOut,
     TrialOut,
     TrialPage,
@@ -56,7 +55,7 @@ def read_access(request: Request, session: SessionDep) -> None:
     authenticate(request, session, required=settings.require_read_token)
 
 
-def page_params(
+async def page_params(
     request: Request,
     limit: Annotated[int | None, Query(ge=1, description="Page size (bounded by the server)")] = None,
     cursor: Annotated[int | None, Query(ge=1, le=MAX_ID, description="next_cursor of the previous page")] = None,
@@ -186,37 +185,45 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     v1 = APIRouter(prefix="/v1")
 
+    # The hot read paths (lookup, history, trials) are async handlers that run their
+    # few indexed queries inline and build the JSON themselves: a thread-pool hop per
+    # sync dependency and a second validation of the response cost more than the work.
+
     @v1.post("/lookup", response_model=LookupResponse, tags=["configs"])
-    def lookup(body: LookupRequest, request: Request, session: SessionDep) -> LookupResponse:
+    async def lookup(body: LookupRequest, request: Request) -> JSONResponse:
         """The tuned config of a workload: tuned -> stale -> nearest -> heuristic.
 
         With ``enqueue=true`` a miss (anything but ``tuned``) queues one tuning job;
         that is a write and needs a writer token.
         """
-        token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
-        if body.enqueue and token is not None and token.role not in WRITE_ROLES:
-            raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
         wl = body.workload.to_workload()
-        versions = body.versions.model_dump()
-        result = store.lookup(session, wl, versions, candidates=settings.nearest_candidates)
-        job_id = None
-        if body.enqueue and result.source != "tuned":
-            row = store.workload_row(session, wl)
-            job, _ = store.enqueue_job(
-                session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
-            )
-            job_id = job.id
-        tuned = result.tuned
-        return LookupResponse(
-            workload_key=result.workload_key,
-            source=result.source,
-            config=TileConfigOut(**result.config),
-            config_id=tuned.id if tuned else None,
-            timing=_timing(tuned) if tuned else None,
-            versions=_versions(tuned) if tuned else None,
-            distance=result.distance,
-            neighbour_key=result.neighbour_key,
-            job_id=job_id,
+        with db.sessions() as session:
+            token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
+            if body.enqueue and token is not None and token.role not in WRITE_ROLES:
+                raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
+            result = store.lookup(session, wl, body.versions.model_dump(), candidates=settings.nearest_candidates)
+            job_id = None
+            if body.enqueue and result.source != "tuned":
+                row = store.workload_row(session, wl)
+                job, _ = store.enqueue_job(
+                    session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
+                )
+                job_id = job.id
+        t = result.tuned
+        return JSONResponse(
+            {
+                "workload_key": result.workload_key,
+                "source": result.source,
+                "config": result.config,
+                "config_id": t["id"] if t else None,
+                "timing": _timing_json(t) if t else None,
+                "versions": {"jax": t["jax_version"], "jaxlib": t["jaxlib_version"], "libtpu": t["libtpu_version"]}
+                if t
+                else None,
+                "distance": result.distance,
+                "neighbour_key": result.neighbour_key,
+                "job_id": job_id,
+            }
         )
 
     @v1.get("/configs", response_model=ConfigPage, tags=["configs"], dependencies=[Depends(read_access)])
@@ -263,41 +270,49 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
             history=[_tuned_out(t, key) for t in history],
         )
 
-    @v1.get("/workloads/{key}/history", response_model=TrialPage, tags=["history"], dependencies=[Depends(read_access)])
-    def workload_history(
-        session: SessionDep,
+    @v1.get("/workloads/{key}/history", response_model=TrialPage, tags=["history"])
+    async def workload_history(
+        request: Request,
         paging: PageDep,
         key: Annotated[str, Path(pattern=KEY_PATTERN)],
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
-    ) -> TrialPage:
+    ) -> JSONResponse:
         """Trials of one workload, newest first."""
-        row = _workload_or_404(session, key)
-        query = select(models.Trial).where(models.Trial.workload_id == row.id)
-        if status is not None:
-            query = query.where(models.Trial.status == status)
-        rows, cursor = store.page(session, query, models.Trial.id, *paging)
-        return TrialPage(items=[_trial_out(t, key) for t in rows], next_cursor=cursor)
+        with db.sessions() as session:
+            authenticate(request, session, required=settings.require_read_token)
+            workload_id = session.scalar(select(models.Workload.id).where(models.Workload.key == key))
+            if workload_id is None:
+                raise HTTPException(404, f"workload_key: no workload with key {key!r}")
+            query = select(*TRIAL_COLUMNS).where(models.Trial.workload_id == workload_id)
+            if status is not None:
+                query = query.where(models.Trial.status == status)
+            rows, cursor = store.page_rows(session, query, models.Trial.id, *paging)
+            return JSONResponse({"items": [_trial_json(r, key) for r in rows], "next_cursor": cursor})
 
-    @v1.get("/trials", response_model=TrialPage, tags=["history"], dependencies=[Depends(read_access)])
-    def list_trials(
-        session: SessionDep,
+    @v1.get("/trials", response_model=TrialPage, tags=["history"])
+    async def list_trials(
+        request: Request,
         paging: PageDep,
         workload_key: Annotated[str | None, Query(pattern=KEY_PATTERN)] = None,
         job_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
-    ) -> TrialPage:
+    ) -> JSONResponse:
         """Trials across workloads, newest first, filterable."""
-        query = select(models.Trial)
-        if workload_key is not None:
-            row = _workload_or_404(session, workload_key)
-            query = query.where(models.Trial.workload_id == row.id)
-        if job_id is not None:
-            query = query.where(models.Trial.job_id == job_id)
-        if status is not None:
-            query = query.where(models.Trial.status == status)
-        rows, cursor = store.page(session, query, models.Trial.id, *paging)
-        keys = _workload_keys(session, {t.workload_id for t in rows})
-        return TrialPage(items=[_trial_out(t, keys[t.workload_id]) for t in rows], next_cursor=cursor)
+        with db.sessions() as session:
+            authenticate(request, session, required=settings.require_read_token)
+            query = select(*TRIAL_COLUMNS, models.Workload.key).join(
+                models.Workload, models.Workload.id == models.Trial.workload_id
+            )
+            if workload_key is not None:
+                if session.scalar(select(models.Workload.id).where(models.Workload.key == workload_key)) is None:
+                    raise HTTPException(404, f"workload_key: no workload with key {workload_key!r}")
+                query = query.where(models.Workload.key == workload_key)
+            if job_id is not None:
+                query = query.where(models.Trial.job_id == job_id)
+            if status is not None:
+                query = query.where(models.Trial.status == status)
+            rows, cursor = store.page_rows(session, query, models.Trial.id, *paging)
+            return JSONResponse({"items": [_trial_json(r, r.key) for r in rows], "next_cursor": cursor})
 
     @v1.post(
         "/jobs",
@@ -353,6 +368,45 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
+
+
+TRIAL_COLUMNS = tuple(c for c in models.Trial.__table__.columns if c.name != "params_key")
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _trial_json(r: Any, key: str) -> dict[str, Any]:
+    """A trial row as the TrialOut JSON (built directly: rows are read-only here)."""
+    return {
+        "id": r.id,
+        "workload_key": key,
+        "job_id": r.job_id,
+        "number": r.number,
+        "params": r.params,
+        "status": r.status,
+        "compile_ms": r.compile_ms,
+        "median_ms": r.median_ms,
+        "p10_ms": r.p10_ms,
+        "p90_ms": r.p90_ms,
+        "max_error": r.max_error,
+        "error": r.error,
+        "versions": r.versions,
+        "host": r.host,
+        "created_at": _iso(r.created_at),
+    }
+
+
+def _timing_json(t: dict[str, Any]) -> dict[str, Any]:
+    speedup = t["dense_ms"] / t["median_ms"] if t["dense_ms"] and t["median_ms"] else None
+    return {
+        "median_ms": t["median_ms"],
+        "p10_ms": t["p10_ms"],
+        "p90_ms": t["p90_ms"],
+        "dense_ms": t["dense_ms"],
+        "speedup": speedup,
+    }
 
 
 def _workload_or_404(session: Session, key: str) -> models.Workload:

@@ -55,7 +55,7 @@ from kernel.config import TileConfig
 from kernel.layout import TextPosition, VideoLayout
 from kernel.pattern import HeadPattern, PatternKind, SparsityPattern
 from kernel.workload import Workload
-from server import models
+from server import models, store
 from server.db import Database, normalize_url
 from server.migrate import upgrade
 from server.store import params_key
@@ -356,24 +356,9 @@ def _seed_workloads(conn: Connection, plan: WorkloadPlan, batch_size: int, say: 
     rows: list[dict[str, Any]] = []
     for i, p in enumerate(plan.params):
         wl = p.build()
-        rows.append(
-            {
-                "id": i + 1,
-                "key": plan.keys[i],
-                "device_kind": wl.device_kind,
-                "backend": wl.backend,
-                "dtype": wl.dtype,
-                "family": wl.family,
-                "pattern_hash": wl.pattern.pattern_hash,
-                "kernel_version": wl.kernel_version,
-                "batch": wl.batch,
-                "heads": wl.heads,
-                "head_dim": wl.head_dim,
-                "seq_len": wl.pattern.seq_len,
-                "spec": json.dumps(wl.canonical()),
-                "created_at": created,
-            }
-        )
+        columns = store.workload_columns(wl)
+        assert columns["key"] == plan.keys[i]
+        rows.append({**columns, "id": i + 1, "spec": json.dumps(columns["spec"]), "created_at": created})
         if len(rows) >= batch_size:
             _bulk_insert(conn, models.Workload, rows)
             rows = []

@@ -71,6 +71,12 @@ class Workload(Base):
     heads: Mapped[int] = mapped_column(Integer)
     head_dim: Mapped[int] = mapped_column(Integer)
     seq_len: Mapped[int] = mapped_column(Integer)
+    # Features of the nearest-neighbour distance (kernel.workload.FEATURES), kept as
+    # columns so a miss compares numbers instead of decoding specs.
+    frames: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_frame: Mapped[int | None] = mapped_column(Integer)
+    text_tokens: Mapped[int | None] = mapped_column(Integer)
+    mean_window: Mapped[float | None] = mapped_column(Float)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # canonical Workload form
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from kernel.layout import MAX_SEQ_LEN
 from kernel.pattern import SparsityPattern
@@ -67,12 +67,18 @@ class WorkloadSpec(BaseModel):
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Optional check: must equal F*P + T")
     kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16, pattern=NO_NUL)
 
+    _workload: Workload | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadSpec:
-        self.to_workload()
+        self._workload = self._build()
         return self
 
     def to_workload(self) -> Workload:
+        """The kernel's Workload (built once, by validation)."""
+        return self._workload if self._workload is not None else self._build()
+
+    def _build(self) -> Workload:
         if (self.pattern is None) == (self.preset is None):
             raise ValueError("give exactly one of 'pattern' or 'preset'")
         head_dim = self.head_dim

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kernel.heuristic import heuristic_config
-from kernel.workload import Workload
+from kernel.workload import FEATURES, Workload, feature_distance
 from server import models
 from server.models import ACTIVE_JOB_STATUSES, TOKEN_ROLES, utcnow
 
@@ -36,7 +36,20 @@ def workload_row(session: Session, wl: Workload) -> models.Workload:
     row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
     if row is not None:
         return row
-    values = {
+    values = {**workload_columns(wl), "created_at": utcnow()}
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    session.execute(insert(models.Workload).values(**values).on_conflict_do_nothing(index_elements=["key"]))
+    session.commit()
+    row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
+    assert row is not None
+    return row
+
+
+def workload_columns(wl: Workload) -> dict[str, Any]:
+    """Column values of a workload's row (without id and created_at)."""
+    features = wl.features()
+    return {
         "key": wl.key,
         "device_kind": wl.device_kind,
         "backend": wl.backend,
@@ -48,16 +61,12 @@ def workload_row(session: Session, wl: Workload) -> models.Workload:
         "heads": wl.heads,
         "head_dim": wl.head_dim,
         "seq_len": wl.pattern.seq_len,
+        "frames": features["frames"],
+        "tokens_per_frame": features["tokens_per_frame"],
+        "text_tokens": features["text_tokens"],
+        "mean_window": features["mean_window"],
         "spec": wl.canonical(),
-        "created_at": utcnow(),
     }
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    session.execute(insert(models.Workload).values(**values).on_conflict_do_nothing(index_elements=["key"]))
-    session.commit()
-    row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
-    assert row is not None
-    return row
 
 
 def find_workload(session: Session, key: str) -> models.Workload | None:
@@ -134,78 +143,109 @@ def current_config(session: Session, workload_id: int) -> models.TunedConfig | N
 
 # ---------------------------------------------------------------- lookup
 
+TUNED_COLUMNS = (
+    models.TunedConfig.id,
+    models.TunedConfig.config,
+    models.TunedConfig.median_ms,
+    models.TunedConfig.p10_ms,
+    models.TunedConfig.p90_ms,
+    models.TunedConfig.dense_ms,
+    models.TunedConfig.jax_version,
+    models.TunedConfig.jaxlib_version,
+    models.TunedConfig.libtpu_version,
+)
+
 
 @dataclasses.dataclass
 class LookupResult:
     workload_key: str
     source: str  # tuned | stale | nearest | heuristic
     config: dict[str, Any]
-    tuned: models.TunedConfig | None = None
+    tuned: dict[str, Any] | None = None  # the TUNED_COLUMNS of the config served
     distance: float | None = None
     neighbour_key: str | None = None
-    job: models.Job | None = None
-    job_created: bool = False
 
 
-def versions_match(tuned: models.TunedConfig, versions: dict[str, str | None]) -> bool:
+def versions_match(tuned: dict[str, Any], versions: dict[str, str | None]) -> bool:
     return (
-        tuned.jax_version == (versions.get("jax") or "unknown")
-        and tuned.jaxlib_version == (versions.get("jaxlib") or "unknown")
-        and (tuned.libtpu_version or None) == (versions.get("libtpu") or None)
+        tuned["jax_version"] == (versions.get("jax") or "unknown")
+        and tuned["jaxlib_version"] == (versions.get("jaxlib") or "unknown")
+        and (tuned["libtpu_version"] or None) == (versions.get("libtpu") or None)
     )
 
 
 def lookup(session: Session, wl: Workload, versions: dict[str, str | None], *, candidates: int = 64) -> LookupResult:
     """tuned (same versions) -> stale (other versions) -> nearest (same device kind,
-    backend and family) -> the kernel's heuristic. Reads only: a miss writes nothing."""
-    row = find_workload(session, wl.key)
+    backend and family) -> the kernel's heuristic. Reads only: a miss writes nothing.
+
+    The hit path is one indexed join (workload key -> current config) on plain columns.
+    """
+    row = session.execute(
+        select(*TUNED_COLUMNS)
+        .join(models.Workload, models.Workload.id == models.TunedConfig.workload_id)
+        .where(models.Workload.key == wl.key, models.TunedConfig.is_current.is_(True))
+    ).first()
     if row is not None:
-        tuned = current_config(session, row.id)
-        if tuned is not None:
-            source = "tuned" if versions_match(tuned, versions) else "stale"
-            return LookupResult(wl.key, source, tuned.config, tuned)
+        tuned = row._asdict()
+        source = "tuned" if versions_match(tuned, versions) else "stale"
+        return LookupResult(wl.key, source, tuned["config"], tuned)
     near = nearest(session, wl, candidates)
     if near is not None:
-        tuned, neighbour, distance = near
-        return LookupResult(wl.key, "nearest", tuned.config, tuned, distance, neighbour.key)
+        tuned, neighbour_key, distance = near
+        return LookupResult(wl.key, "nearest", tuned["config"], tuned, distance, neighbour_key)
     config = heuristic_config(wl.pattern, wl.backend, wl.dtype).to_dict()
     return LookupResult(wl.key, "heuristic", config)
 
 
-def nearest(
-    session: Session, wl: Workload, candidates: int
-) -> tuple[models.TunedConfig, models.Workload, float] | None:
+def nearest(session: Session, wl: Workload, candidates: int) -> tuple[dict[str, Any], str, float] | None:
     """Closest tuned workload of the same device kind, backend and family.
 
-    Candidates are the ``candidates`` nearest by sequence length on each side
-    (index scan), ranked by :meth:`Workload.distance`.
+    Candidates are the ``candidates`` nearest by sequence length on each side (an
+    index range scan), compared on their feature columns; only the winner's config
+    is loaded.
     """
+    w = models.Workload
     base = (
-        select(models.Workload, models.TunedConfig)
-        .join(models.TunedConfig, models.TunedConfig.workload_id == models.Workload.id)
+        select(
+            w.key,
+            w.frames,
+            w.tokens_per_frame,
+            w.text_tokens,
+            w.heads,
+            w.head_dim,
+            w.batch,
+            w.mean_window,
+            models.TunedConfig.id,
+        )
+        .join(models.TunedConfig, models.TunedConfig.workload_id == w.id)
         .where(
-            models.Workload.device_kind == wl.device_kind,
-            models.Workload.backend == wl.backend,
-            models.Workload.family == wl.family,
-            models.Workload.key != wl.key,
+            w.device_kind == wl.device_kind,
+            w.backend == wl.backend,
+            w.family == wl.family,
+            w.key != wl.key,
+            w.frames.is_not(None),
             models.TunedConfig.is_current.is_(True),
         )
     )
     seq = wl.pattern.seq_len
-    rows = list(
-        session.execute(base.where(models.Workload.seq_len >= seq).order_by(models.Workload.seq_len).limit(candidates))
-    )
-    rows += list(
-        session.execute(
-            base.where(models.Workload.seq_len < seq).order_by(models.Workload.seq_len.desc()).limit(candidates)
+    rows = list(session.execute(base.where(w.seq_len >= seq).order_by(w.seq_len).limit(candidates)))
+    rows += list(session.execute(base.where(w.seq_len < seq).order_by(w.seq_len.desc()).limit(candidates)))
+    if not rows:
+        return None
+    mine = wl.features()
+    scored = []
+    for r in rows:
+        features = dict(
+            zip(
+                FEATURES,
+                (r.frames, r.tokens_per_frame, r.text_tokens, r.heads, r.head_dim, r.batch, r.mean_window),
+                strict=True,
+            )
         )
-    )
-    best: tuple[models.TunedConfig, models.Workload, float] | None = None
-    for neighbour, tuned in rows:
-        distance = wl.distance(workload_of(neighbour))
-        if best is None or distance < best[2]:
-            best = (tuned, neighbour, distance)
-    return best
+        scored.append((feature_distance(mine, features), r.key, r.id))
+    distance, key, tuned_id = min(scored)
+    tuned = session.execute(select(*TUNED_COLUMNS).where(models.TunedConfig.id == tuned_id)).one()._asdict()
+    return tuned, key, distance
 
 
 # ---------------------------------------------------------------- jobs
@@ -257,6 +297,18 @@ def page(
     if cursor is not None:
         query = query.where(id_column < cursor)
     rows = session.scalars(query.order_by(id_column.desc()).limit(limit + 1)).all()
+    if len(rows) > limit:
+        return rows[:limit], rows[limit - 1].id
+    return rows, None
+
+
+def page_rows(
+    session: Session, query: Select[Any], id_column: Any, limit: int, cursor: int | None
+) -> tuple[Sequence[Any], int | None]:
+    """As :func:`page`, for a Core select of columns (rows, not ORM objects)."""
+    if cursor is not None:
+        query = query.where(id_column < cursor)
+    rows = session.execute(query.order_by(id_column.desc()).limit(limit + 1)).all()
     if len(rows) > limit:
         return rows[:limit], rows[limit - 1].id
     return rows, None
