@@ -59,3 +59,45 @@ def test_db_cli_upgrade_and_current(tmp_path) -> None:  # type: ignore[no-untype
     assert runner.invoke(cli, ["db", "current", "--database-url", url]).stdout.strip() == f"{head_revision()} (head)"
     assert runner.invoke(cli, ["db", "downgrade", "base", "--database-url", url]).exit_code == 0
     assert current_revision(url) is None
+
+
+def test_feature_columns_are_backfilled(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """0002 fills the nearest-neighbour feature columns of workloads stored under 0001."""
+    import json
+
+    from sqlalchemy import text
+
+    from kernel.presets import get_preset
+    from kernel.workload import Workload
+
+    url = f"sqlite:///{tmp_path / 'backfill.db'}"
+    upgrade(url, "0001")
+    wl = Workload("cpu", "xla", "float32", 2, 64, get_preset("cogvideox-5b").pattern())
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO tt_workload (key, device_kind, backend, dtype, family, pattern_hash, kernel_version,"
+                " batch, heads, head_dim, seq_len, spec, created_at) VALUES (:key, 'cpu', 'xla', 'float32', :family,"
+                " :hash, '1', 2, :heads, 64, :seq, :spec, '2026-01-01')"
+            ),
+            {
+                "key": wl.key,
+                "family": wl.family,
+                "hash": wl.pattern.pattern_hash,
+                "heads": wl.heads,
+                "seq": wl.pattern.seq_len,
+                "spec": json.dumps(wl.canonical()),
+            },
+        )
+    upgrade(url)
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT frames, tokens_per_frame, text_tokens, mean_window FROM tt_workload")).one()
+    engine.dispose()
+    features = wl.features()
+    assert tuple(row) == (
+        features["frames"],
+        features["tokens_per_frame"],
+        features["text_tokens"],
+        features["mean_window"],
+    )
