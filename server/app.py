@@ -197,18 +197,24 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         that is a write and needs a writer token.
         """
         wl = body.workload.to_workload()
-        with db.sessions() as session:
-            token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
-            if body.enqueue and token is not None and token.role not in WRITE_ROLES:
-                raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
-            result = store.lookup(session, wl, body.versions.model_dump(), candidates=settings.nearest_candidates)
-            job_id = None
-            if body.enqueue and result.source != "tuned":
-                row = store.workload_row(session, wl)
-                job, _ = store.enqueue_job(
-                    session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
-                )
-                job_id = job.id
+        versions = body.versions.model_dump()
+        job_id = None
+        if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
+            # The common anonymous read: a plain connection, no ORM session.
+            with db.engine.connect() as conn:
+                result = store.lookup(conn, wl, versions, candidates=settings.nearest_candidates)
+        else:
+            with db.sessions() as session:
+                token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
+                if body.enqueue and token is not None and token.role not in WRITE_ROLES:
+                    raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
+                result = store.lookup(session, wl, versions, candidates=settings.nearest_candidates)
+                if body.enqueue and result.source != "tuned":
+                    row = store.workload_row(session, wl)
+                    job, _ = store.enqueue_job(
+                        session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
+                    )
+                    job_id = job.id
         t = result.tuned
         return JSONResponse(
             {

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Connection, Select, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -174,22 +174,55 @@ def versions_match(tuned: dict[str, Any], versions: dict[str, str | None]) -> bo
     )
 
 
-def lookup(session: Session, wl: Workload, versions: dict[str, str | None], *, candidates: int = 64) -> LookupResult:
+# Statements of the hot read path, built once: constructing a select per request
+# (coercions, cache keys) cost more than running it.
+_W = models.Workload
+_CURRENT_BY_KEY = (
+    select(*TUNED_COLUMNS)
+    .join(_W, _W.id == models.TunedConfig.workload_id)
+    .where(_W.key == bindparam("key"), models.TunedConfig.is_current.is_(True))
+)
+_TUNED_BY_ID = select(*TUNED_COLUMNS).where(models.TunedConfig.id == bindparam("tuned_id"))
+_NEIGHBOURS = (
+    select(
+        _W.key,
+        _W.frames,
+        _W.tokens_per_frame,
+        _W.text_tokens,
+        _W.heads,
+        _W.head_dim,
+        _W.batch,
+        _W.mean_window,
+        models.TunedConfig.id,
+    )
+    .join(models.TunedConfig, models.TunedConfig.workload_id == _W.id)
+    .where(
+        _W.device_kind == bindparam("device_kind"),
+        _W.backend == bindparam("backend"),
+        _W.family == bindparam("family"),
+        _W.key != bindparam("key"),
+        _W.frames.is_not(None),
+        models.TunedConfig.is_current.is_(True),
+    )
+)
+_NEIGHBOURS_ABOVE = _NEIGHBOURS.where(_W.seq_len >= bindparam("seq")).order_by(_W.seq_len).limit(bindparam("n"))
+_NEIGHBOURS_BELOW = _NEIGHBOURS.where(_W.seq_len < bindparam("seq")).order_by(_W.seq_len.desc()).limit(bindparam("n"))
+
+
+def lookup(
+    db: Session | Connection, wl: Workload, versions: dict[str, str | None], *, candidates: int = 64
+) -> LookupResult:
     """tuned (same versions) -> stale (other versions) -> nearest (same device kind,
     backend and family) -> the kernel's heuristic. Reads only: a miss writes nothing.
 
-    The hit path is one indexed join (workload key -> current config) on plain columns.
+    ``db`` is a Session or a plain Connection (the API uses the lighter Connection).
     """
-    row = session.execute(
-        select(*TUNED_COLUMNS)
-        .join(models.Workload, models.Workload.id == models.TunedConfig.workload_id)
-        .where(models.Workload.key == wl.key, models.TunedConfig.is_current.is_(True))
-    ).first()
+    row = db.execute(_CURRENT_BY_KEY, {"key": wl.key}).first()
     if row is not None:
         tuned = row._asdict()
         source = "tuned" if versions_match(tuned, versions) else "stale"
         return LookupResult(wl.key, source, tuned["config"], tuned)
-    near = nearest(session, wl, candidates)
+    near = nearest(db, wl, candidates)
     if near is not None:
         tuned, neighbour_key, distance = near
         return LookupResult(wl.key, "nearest", tuned["config"], tuned, distance, neighbour_key)
@@ -197,39 +230,22 @@ def lookup(session: Session, wl: Workload, versions: dict[str, str | None], *, c
     return LookupResult(wl.key, "heuristic", config)
 
 
-def nearest(session: Session, wl: Workload, candidates: int) -> tuple[dict[str, Any], str, float] | None:
+def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[dict[str, Any], str, float] | None:
     """Closest tuned workload of the same device kind, backend and family.
 
     Candidates are the ``candidates`` nearest by sequence length on each side (an
     index range scan), compared on their feature columns; only the winner's config
     is loaded.
     """
-    w = models.Workload
-    base = (
-        select(
-            w.key,
-            w.frames,
-            w.tokens_per_frame,
-            w.text_tokens,
-            w.heads,
-            w.head_dim,
-            w.batch,
-            w.mean_window,
-            models.TunedConfig.id,
-        )
-        .join(models.TunedConfig, models.TunedConfig.workload_id == w.id)
-        .where(
-            w.device_kind == wl.device_kind,
-            w.backend == wl.backend,
-            w.family == wl.family,
-            w.key != wl.key,
-            w.frames.is_not(None),
-            models.TunedConfig.is_current.is_(True),
-        )
-    )
-    seq = wl.pattern.seq_len
-    rows = list(session.execute(base.where(w.seq_len >= seq).order_by(w.seq_len).limit(candidates)))
-    rows += list(session.execute(base.where(w.seq_len < seq).order_by(w.seq_len.desc()).limit(candidates)))
+    params = {
+        "device_kind": wl.device_kind,
+        "backend": wl.backend,
+        "family": wl.family,
+        "key": wl.key,
+        "seq": wl.pattern.seq_len,
+        "n": candidates,
+    }
+    rows = list(db.execute(_NEIGHBOURS_ABOVE, params)) + list(db.execute(_NEIGHBOURS_BELOW, params))
     if not rows:
         return None
     mine = wl.features()
@@ -244,7 +260,7 @@ def nearest(session: Session, wl: Workload, candidates: int) -> tuple[dict[str, 
         )
         scored.append((feature_distance(mine, features), r.key, r.id))
     distance, key, tuned_id = min(scored)
-    tuned = session.execute(select(*TUNED_COLUMNS).where(models.TunedConfig.id == tuned_id)).one()._asdict()
+    tuned = db.execute(_TUNED_BY_ID, {"tuned_id": tuned_id}).one()._asdict()
     return tuned, key, distance
 
 
