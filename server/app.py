@@ -245,7 +245,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         query = (
             select(models.TunedConfig)
             .join(models.Workload, models.Workload.id == models.TunedConfig.workload_id)
-            .where(models.TunedConfig.is_current.is_(True))
+            .where(models.TunedConfig.is_current == True)  # noqa: E712
         )
         for column, value in (
             (models.Workload.device_kind, device_kind),

@@ -37,7 +37,9 @@ def make_engine(url: str, *, busy_timeout_ms: int = 10000, **kwargs: Any) -> Eng
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20, **kwargs)
+    # No pool_pre_ping: it costs a round trip per request. A connection broken by a
+    # database restart fails one request (503, see server.app) and is discarded.
+    return create_engine(url, pool_recycle=1800, pool_size=10, max_overflow=20, **kwargs)
 
 
 def get_session(request: Request) -> Iterator[Session]:

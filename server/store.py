@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, select, update
+from sqlalchemy import Connection, Select, bindparam, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -111,7 +111,7 @@ def publish_tuned_config(
     now = utcnow()
     session.execute(
         update(models.TunedConfig)
-        .where(models.TunedConfig.workload_id == workload.id, models.TunedConfig.is_current.is_(True))
+        .where(models.TunedConfig.workload_id == workload.id, models.TunedConfig.is_current == True)  # noqa: E712
         .values(is_current=False, superseded_at=now)
     )
     row = models.TunedConfig(
@@ -136,7 +136,8 @@ def publish_tuned_config(
 def current_config(session: Session, workload_id: int) -> models.TunedConfig | None:
     return session.scalar(
         select(models.TunedConfig).where(
-            models.TunedConfig.workload_id == workload_id, models.TunedConfig.is_current.is_(True)
+            models.TunedConfig.workload_id == workload_id,
+            models.TunedConfig.is_current == True,  # noqa: E712
         )
     )
 
@@ -180,7 +181,7 @@ _W = models.Workload
 _CURRENT_BY_KEY = (
     select(*TUNED_COLUMNS)
     .join(_W, _W.id == models.TunedConfig.workload_id)
-    .where(_W.key == bindparam("key"), models.TunedConfig.is_current.is_(True))
+    .where(_W.key == bindparam("key"), models.TunedConfig.is_current == True)  # noqa: E712
 )
 _TUNED_BY_ID = select(*TUNED_COLUMNS).where(models.TunedConfig.id == bindparam("tuned_id"))
 _NEIGHBOURS = (
@@ -202,11 +203,18 @@ _NEIGHBOURS = (
         _W.family == bindparam("family"),
         _W.key != bindparam("key"),
         _W.frames.is_not(None),
-        models.TunedConfig.is_current.is_(True),
+        models.TunedConfig.is_current == True,  # noqa: E712  (matches the partial index predicate)
     )
 )
-_NEIGHBOURS_ABOVE = _NEIGHBOURS.where(_W.seq_len >= bindparam("seq")).order_by(_W.seq_len).limit(bindparam("n"))
-_NEIGHBOURS_BELOW = _NEIGHBOURS.where(_W.seq_len < bindparam("seq")).order_by(_W.seq_len.desc()).limit(bindparam("n"))
+# Both sides of the sequence length in one round trip.
+_NEIGHBOURS_BOTH = union_all(
+    _NEIGHBOURS.where(_W.seq_len >= bindparam("seq")).order_by(_W.seq_len).limit(bindparam("n")).subquery().select(),
+    _NEIGHBOURS.where(_W.seq_len < bindparam("seq"))
+    .order_by(_W.seq_len.desc())
+    .limit(bindparam("n"))
+    .subquery()
+    .select(),
+)
 
 
 def lookup(
@@ -245,7 +253,7 @@ def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[di
         "seq": wl.pattern.seq_len,
         "n": candidates,
     }
-    rows = list(db.execute(_NEIGHBOURS_ABOVE, params)) + list(db.execute(_NEIGHBOURS_BELOW, params))
+    rows = db.execute(_NEIGHBOURS_BOTH, params).all()
     if not rows:
         return None
     mine = wl.features()
