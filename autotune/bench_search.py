@@ -34,8 +34,10 @@ def record_table(
     measure: MeasureOptions | None = None,
     trial_timeout_s: float = 300.0,
     progress: Callable[[int, int, Any, Measurement], None] | None = None,
+    space: SearchSpace | None = None,
 ) -> RecordedTable:
-    space = SearchSpace(workload, workload.backend)
+    """Measure every valid config of ``space`` (default: the workload's full space) once."""
+    space = space or SearchSpace(workload, workload.backend)
     configs = space.enumerate()
     entries = {}
     from autotune.measure import config_key
@@ -79,15 +81,16 @@ class ReplayStats:
         }
 
 
-def replay(table: RecordedTable, name: str, sampler: str, seeds: int) -> ReplayStats:
-    """Run ``sampler`` ``seeds`` times on ``table``, each with the whole table as budget."""
+def replay(table: RecordedTable, name: str, sampler: str, seeds: int, budget: int | None = None) -> ReplayStats:
+    """Run ``sampler`` ``seeds`` times on ``table``, each with ``budget`` measured trials
+    (default: the whole table, so every run eventually reaches the best)."""
     best = table.best[1].median_ms or 0.0
     size = len(table.entries)
     space = table.space()
     stats = ReplayStats(name, sampler, size, [], {b: [] for b in BUDGETS})
     for seed in range(seeds):
         measurer = ReplayMeasurer(table)
-        options = SearchOptions(trials=size, sampler=sampler, seed=seed, prune=False, retime_rounds=1)
+        options = SearchOptions(trials=budget or size, sampler=sampler, seed=seed, prune=False, retime_rounds=1)
         result = run_search(space, measurer, options)
         medians = [t.measurement.median_ms if t.measurement.status == "ok" else math.inf for t in result.trials]
         running = np.minimum.accumulate(np.asarray(medians, dtype=float)) if medians else np.asarray([math.inf])

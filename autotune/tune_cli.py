@@ -154,6 +154,9 @@ def bench_search(
     replay: Annotated[list[Path] | None, typer.Option("--replay", help="Recorded tables to replay")] = None,
     sampler: Annotated[str, typer.Option(help="Samplers to compare, comma-separated")] = "tpe,random,grid",
     seeds: Annotated[int, typer.Option(min=1, help="Runs per sampler and table")] = 20,
+    budget: Annotated[
+        int | None, typer.Option(min=1, help="Measured trials per replayed run (default: the table)")
+    ] = None,
     backend: Annotated[str, typer.Option(help="Backend to record on")] = "xla",
     repeats: Annotated[int, typer.Option(min=1)] = 5,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -200,7 +203,7 @@ def bench_search(
         table = RecordedTable.load(path)
         for s in samplers:
             err.print(f"replaying {path.name} with {s} ({seeds} seeds)")
-            rows.append(replay_table(table, path.name, s, seeds).summary())
+            rows.append(replay_table(table, path.name, s, seeds, budget).summary())
     if as_json:
         print(json.dumps(rows, indent=2))
         return
