@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -201,14 +200,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         versions = body.versions.model_dump()
         job_id = None
         if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
-            # The common anonymous read: a plain connection, no ORM session. SQLite
-            # answers in-process, so it runs inline; a PostgreSQL round trip runs in
-            # a worker thread so the event loop keeps serving while the server works.
-            def read() -> store.LookupResult:
-                with db.engine.connect() as conn:
-                    return store.lookup(conn, wl, versions, candidates=settings.nearest_candidates)
-
-            result = read() if db.dialect == "sqlite" else await run_in_threadpool(read)
+            # The common anonymous read: a plain connection, no ORM session.
+            with db.engine.connect() as conn:
+                result = store.lookup(conn, wl, versions, candidates=settings.nearest_candidates)
         else:
             with db.sessions() as session:
                 token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
