@@ -28,7 +28,7 @@ from kernel.heuristic import heuristic_config
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.presets import get_preset
-from kernel.reference import mask_density, reference_attention
+from kernel.reference import dense_attention, mask_density, reference_attention
 
 CHECK_ROWS = 48
 
@@ -68,12 +68,6 @@ class KernelBenchOptions:
     table_preset: str | None = "wan2.1-720p"
 
 
-def _dense_fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    # dot_product_attention wants [B, N, H, D]; scale 1.0 matches sparse_attention.
-    t = (0, 2, 1, 3)
-    return jax.nn.dot_product_attention(q.transpose(t), k.transpose(t), v.transpose(t), scale=1.0).transpose(t)
-
-
 def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, Any]:
     """Run the benchmark; returns a JSON-able report."""
     say = progress or (lambda _msg: None)
@@ -109,7 +103,7 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     }
     timing_kw = {"repeats": opts.repeats, "min_time_s": opts.min_time_s}
     say("dense anchor (jax.nn.dot_product_attention)")
-    dense = measure(_dense_fn, (q, k, v), **timing_kw)
+    dense = measure(dense_attention, (q, k, v), **timing_kw)
     report["dense"] = dense.to_dict()
 
     base = heuristic_config(pattern, backend, dtype.name)

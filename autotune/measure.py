@@ -31,7 +31,7 @@ import numpy as np
 
 from kernel.attention import sparse_attention
 from kernel.config import TileConfig
-from kernel.reference import reference_attention
+from kernel.reference import dense_attention, reference_attention
 from kernel.workload import Workload
 
 TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2}
@@ -237,29 +237,21 @@ class WorkloadBench:
         if compiled is None:
             compiled = jax.jit(self._fn(config)).lower(self.q, self.k, self.v).compile()
             self._remember(key, compiled)
-        args = (self.q, self.k, self.v)
-        jax.block_until_ready(compiled(*args))
-        out = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
+        return _timed_runs(compiled, (self.q, self.k, self.v), runs)
 
     def dense_ms(self, repeats: int = 5) -> float:
         """Median time of dense attention (jax.nn.dot_product_attention) on the same inputs."""
 
-        def dense(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-            t = (0, 2, 1, 3)
-            out = jax.nn.dot_product_attention(q.transpose(t), k.transpose(t), v.transpose(t), scale=1.0)
-            return out.transpose(t)
+        compiled = jax.jit(dense_attention).lower(self.q, self.k, self.v).compile()
+        return float(np.median(_timed_runs(compiled, (self.q, self.k, self.v), repeats)))
 
-        compiled = jax.jit(dense).lower(self.q, self.k, self.v).compile()
-        args = (self.q, self.k, self.v)
+
+def _timed_runs(compiled: Any, args: tuple[Any, ...], runs: int) -> list[float]:
+    """One untimed run, then ``runs`` timed ones (ms), each to ``block_until_ready``."""
+    jax.block_until_ready(compiled(*args))
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
         jax.block_until_ready(compiled(*args))
-        runs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            runs.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(runs))
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out

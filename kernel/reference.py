@@ -95,3 +95,12 @@ def reference_attention(q: Any, k: Any, v: Any, pattern: SparsityPattern, rows: 
         p = np.exp(s)
         out[:, h] = np.einsum("bqk,bkd->bqd", p / p.sum(-1, keepdims=True), va[:, h])
     return out[0] if squeeze else out
+
+
+def dense_attention(q: Any, k: Any, v: Any) -> Any:
+    """The dense anchor of benchmarks: ``jax.nn.dot_product_attention`` on [B, H, N, D]
+    inputs, unscaled like :func:`kernel.attention.sparse_attention`."""
+    import jax
+
+    t = (0, 2, 1, 3)  # dot_product_attention wants [B, N, H, D]
+    return jax.nn.dot_product_attention(q.transpose(t), k.transpose(t), v.transpose(t), scale=1.0).transpose(t)

@@ -292,7 +292,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
             query = select(*TRIAL_COLUMNS).where(models.Trial.workload_id == workload_id)
             if status is not None:
                 query = query.where(models.Trial.status == status)
-            rows, cursor = store.page_rows(session, query, models.Trial.id, *paging)
+            rows, cursor = store.page(session, query, models.Trial.id, *paging, entities=False)
             return JSONResponse({"items": [_trial_json(r, key) for r in rows], "next_cursor": cursor})
 
     @v1.get("/trials", response_model=TrialPage, tags=["history"])
@@ -317,7 +317,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
                 query = query.where(models.Trial.job_id == job_id)
             if status is not None:
                 query = query.where(models.Trial.status == status)
-            rows, cursor = store.page_rows(session, query, models.Trial.id, *paging)
+            rows, cursor = store.page(session, query, models.Trial.id, *paging, entities=False)
             return JSONResponse({"items": [_trial_json(r, r.key) for r in rows], "next_cursor": cursor})
 
     @v1.post(

@@ -315,24 +315,17 @@ def cancel_job(session: Session, job: models.Job) -> models.Job:
 
 
 def page(
-    session: Session, query: Select[Any], id_column: Any, limit: int, cursor: int | None
+    session: Session, query: Select[Any], id_column: Any, limit: int, cursor: int | None, *, entities: bool = True
 ) -> tuple[Sequence[Any], int | None]:
-    """Keyset pagination, newest first: rows with id < cursor; returns (rows, next cursor)."""
+    """Keyset pagination, newest first: rows with id < cursor; returns (rows, next cursor).
+
+    ``entities=True`` returns ORM objects (a select of one entity); False returns
+    the plain rows of a select of columns (cheaper, for read-only listings).
+    """
     if cursor is not None:
         query = query.where(id_column < cursor)
-    rows = session.scalars(query.order_by(id_column.desc()).limit(limit + 1)).all()
-    if len(rows) > limit:
-        return rows[:limit], rows[limit - 1].id
-    return rows, None
-
-
-def page_rows(
-    session: Session, query: Select[Any], id_column: Any, limit: int, cursor: int | None
-) -> tuple[Sequence[Any], int | None]:
-    """As :func:`page`, for a Core select of columns (rows, not ORM objects)."""
-    if cursor is not None:
-        query = query.where(id_column < cursor)
-    rows = session.execute(query.order_by(id_column.desc()).limit(limit + 1)).all()
+    query = query.order_by(id_column.desc()).limit(limit + 1)
+    rows = session.scalars(query).all() if entities else session.execute(query).all()
     if len(rows) > limit:
         return rows[:limit], rows[limit - 1].id
     return rows, None
