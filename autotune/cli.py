@@ -284,9 +284,5 @@ def _print_kernel_report(report: dict) -> None:
             )
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
 if __name__ == "__main__":  # pragma: no cover
     app()
