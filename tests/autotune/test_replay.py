@@ -41,6 +41,7 @@ def test_replay_answers_recorded_measurements() -> None:
     config, recorded = next(iter(table.entries.values()))
     assert measurer.measure(config) == recorded
     assert measurer.retime(config, 4) and len(measurer.retime(config, 4)) == 4
+    measurer = ReplayMeasurer(table)
     result = run_search(table.space(), measurer, SearchOptions(trials=15, seed=2))
     assert len(result.trials) == 15 and len(set(measurer.measured)) == 15
     assert result.best is not None and result.best.measurement.status == "ok"
