@@ -28,8 +28,9 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("mean_window", sa.Float(), nullable=True))
     # Backfill from the stored canonical spec (same arithmetic as Workload.features).
     conn = op.get_bind()
-    workload = sa.table("tt_workload", sa.column("id", sa.Integer), sa.column("spec", sa.JSON),
-                        *(sa.column(c) for c in COLUMNS))
+    workload = sa.table(
+        "tt_workload", sa.column("id", sa.Integer), sa.column("spec", sa.JSON), *(sa.column(c) for c in COLUMNS)
+    )
     rows = conn.execute(sa.select(workload.c.id, workload.c.spec)).all()
     for row_id, spec in rows:
         spec = json.loads(spec) if isinstance(spec, str) else spec
@@ -39,8 +40,12 @@ def upgrade() -> None:
         conn.execute(
             workload.update()
             .where(workload.c.id == row_id)
-            .values(frames=layout["frames"], tokens_per_frame=layout["tokens_per_frame"],
-                    text_tokens=layout.get("text_tokens", 0), mean_window=sum(windows) / len(windows))
+            .values(
+                frames=layout["frames"],
+                tokens_per_frame=layout["tokens_per_frame"],
+                text_tokens=layout.get("text_tokens", 0),
+                mean_window=sum(windows) / len(windows),
+            )
         )
 
 
