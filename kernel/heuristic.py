@@ -9,7 +9,9 @@ Rules (each from the TPU study in DESIGN.md section 1 or from the CPU benches):
    instead of straddling a frame boundary.
  - tiles: 128 x 128 on the XLA backend (CPU caches); on TPU 512-row q tiles and
    512-wide kv tiles computed in 512-wide sub-blocks (large DMAs amortise the
-   ~0.35 us per-step overhead), clamped for short sequences.
+   ~0.35 us per-step overhead); halved while rounding the sequence up to whole
+   tiles would pad it by more than 1/8, down to the smallest tile the search
+   space tries (32 on XLA, 128 on TPU), so the heuristic is also its warm start.
 
 A library client (autotune.client) replaces this by a tuned config; the kernel
 never imports it.
@@ -24,17 +26,25 @@ from kernel.pattern import SparsityPattern
 from kernel.placement import round_up
 
 MAX_ALIGN_OVERHEAD = 0.125
+MAX_TILE_PADDING = 0.125
+
+
+def _tile(seq: int, largest: int, smallest: int) -> int:
+    """The largest power-of-two tile in [smallest, largest] that pads ``seq`` by at most 1/8
+    (the smallest one if none does)."""
+    size = largest
+    while size > smallest and round_up(seq, size) > seq * (1 + MAX_TILE_PADDING):
+        size //= 2
+    return size
 
 
 def heuristic_config(pattern: SparsityPattern, backend: str = "xla", dtype: str = "float32") -> TileConfig:
     """A sane config for ``pattern`` on ``backend`` without any measurement."""
     seq = pattern.seq_len
     if backend == "xla":
-        block_q = block_kv = min(128, round_up(seq, 8))
+        block_q = block_kv = _tile(seq, 128, 32)
     else:
-        sub = 16 if dtype == "bfloat16" else 8
-        block_q = min(512, round_up(seq, sub))
-        block_kv = min(512, round_up(seq, 128))
+        block_q = block_kv = _tile(seq, 512, 128)
     layout: Layout = "temporal_major" if any(h.kind == "temporal" for h in pattern.heads) else "frame_major"
     per_frame = pattern.layout.tokens_per_frame
     unit = lcm(block_q, block_kv)

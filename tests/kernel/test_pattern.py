@@ -151,3 +151,21 @@ def test_sampled_reference_equals_dense_reference_rows() -> None:
         reference_attention(q, k, v, pattern, rows=rows), reference_attention(q, k, v, pattern)[:, :, rows]
     )
     np.testing.assert_array_equal(mask_rows(pattern, 1, rows), dense_mask(pattern)[1][rows])
+
+
+@settings(max_examples=60, deadline=None)
+@given(pattern=patterns(max_frames=6, max_per_frame=400, max_text=300), backend=st.sampled_from(["xla", "tpu"]))
+def test_heuristic_config_is_inside_the_search_space(pattern: SparsityPattern, backend: str) -> None:
+    """The heuristic is the search's warm start: it must be a point the search may measure."""
+    from autotune.space import SearchSpace
+    from kernel.heuristic import heuristic_config
+    from kernel.workload import Workload
+
+    dtype = "float32"
+    config = heuristic_config(pattern, backend, dtype)
+    space = SearchSpace(Workload("TPU v6 lite" if backend == "tpu" else "cpu", backend, dtype, 1, 64, pattern), backend)
+    reason = space.violation(config)
+    if reason is not None:
+        # Only short sequences, where even the smallest tile pads past the bound, fall outside.
+        smallest = 32 if backend == "xla" else 128
+        assert reason.startswith("padding") and pattern.seq_len < 8 * smallest, reason
