@@ -221,23 +221,12 @@ def plan_workloads(count: int, *, seed: int = 0, tuned_fraction: float = 0.75) -
 # ---------------------------------------------------------------- the database
 
 
-def _tables() -> list[Table]:
-    """tiletune's tables, children first."""
-    return list(reversed(models.Base.metadata.sorted_tables))
-
-
 def prepare_database(url: str) -> None:
     """Migrate to head, then empty every tt_* table (the bench owns the database it is given)."""
     upgrade(url)
     db = Database(url)
     try:
-        names = [t.name for t in _tables()]
-        with db.engine.begin() as conn:
-            if db.dialect == "postgresql":
-                conn.execute(text(f"TRUNCATE {', '.join(names)} RESTART IDENTITY"))
-            else:
-                for name in names:
-                    conn.execute(text(f"DELETE FROM {name}"))
+        db.empty_tables()
     finally:
         db.dispose()
 

@@ -67,3 +67,17 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def empty_tables(self) -> None:
+        """Delete every row of tiletune's tables (benchmarks and tests own their database)."""
+        from sqlalchemy import text
+
+        from server.models import Base
+
+        names = [t.name for t in reversed(Base.metadata.sorted_tables)]
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text(f"TRUNCATE {', '.join(names)} RESTART IDENTITY CASCADE"))
+            else:
+                for name in names:
+                    conn.execute(text(f"DELETE FROM {name}"))

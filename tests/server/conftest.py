@@ -34,19 +34,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return url
 
 
-def empty_tables(db: Database) -> None:
-    with db.engine.begin() as conn:
-        if db.dialect == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
-        else:
-            for name in TABLES:
-                conn.execute(text(f"DELETE FROM {name}"))
-
-
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
     database = Database(database_url)
-    empty_tables(database)
+    database.empty_tables()
     yield database
     database.dispose()
 
