@@ -33,7 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernel.block_tables import BlockTables
 from kernel.config import TileConfig
 from kernel.placement import TokenPlacement
-from kernel.tile_mask import tile_mask
+from kernel.tile_mask import static_head_params, tile_mask
 from kernel.xla_backend import MASK_VALUE
 
 HEAD_PARAMS = 4  # kind code, window, sink, placement index
@@ -66,11 +66,7 @@ def pallas_block_sparse(
     B, H, _Nq, D = q.shape
     bq, bkv, bkvc = tables.block_q, tables.block_kv, config.block_kv_compute
     nq, nk = tables.num_q_blocks, tables.num_kv_blocks
-    uniform = bool((head_params == head_params[0]).all())
-    static_params = None
-    if uniform:
-        kind, window, sink, placement = (int(x) for x in head_params[0])
-        static_params = (kind, window, sink, placement)
+    static_params = static_head_params(head_params)
     hp_flat = jnp.asarray(head_params.reshape(-1), jnp.int32)
     f32_dot = q.dtype == jnp.float32
     precision = jax.lax.Precision.HIGHEST if f32_dot else None

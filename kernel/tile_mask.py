@@ -10,8 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kernel.pattern import video_allows
 from kernel.placement import TokenPlacement, decode_any
+
+
+def static_head_params(head_params: np.ndarray) -> tuple[int, ...] | None:
+    """The shared (kind, window, sink, placement) when every head of a call has the same
+    parameters, as Python ints so the rule is specialised at trace time; else None."""
+    if (head_params == head_params[0]).all():
+        return tuple(int(x) for x in head_params[0])
+    return None
 
 
 def tile_mask(

@@ -13,6 +13,7 @@ really depends on the tile sizes (matmul shapes, gather volume, padding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,7 +23,7 @@ import numpy as np
 from kernel.block_tables import BlockTables
 from kernel.config import TileConfig
 from kernel.placement import TokenPlacement
-from kernel.tile_mask import tile_mask
+from kernel.tile_mask import static_head_params, tile_mask
 
 # As in splash attention: a finite "minus infinity" keeps exp() NaN-free on
 # rows whose first visited tiles are fully masked.
@@ -50,11 +51,10 @@ def xla_block_sparse(
     vb = v.reshape(B, H, nk, bkv, D)
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
-    params: list[Any]
-    if (head_params == head_params[0]).all():
-        params = [int(x) for x in head_params[0]]  # one pattern: rule fixed at trace time
-    else:
-        params = [jnp.asarray(head_params[:, i]).reshape(H, 1, 1, 1) for i in range(4)]
+    static = static_head_params(head_params)
+    params: Sequence[Any] = (
+        static if static is not None else [jnp.asarray(head_params[:, i]).reshape(H, 1, 1, 1) for i in range(4)]
+    )
     q_slot = (jnp.arange(nq, dtype=jnp.int32) * bq)[:, None, None] + jnp.arange(bq, dtype=jnp.int32)[None, :, None]
 
     def walk(state: tuple[jax.Array, ...], lists: tuple[np.ndarray, np.ndarray], masked: bool) -> tuple[jax.Array, ...]:
