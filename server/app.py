@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import models, store
 from server.auth import WRITE_ROLES, authenticate, require_roles
-from server.db import Database, get_session
+from server.db import Database, get_read_session, get_session
 from server.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
 from server.schemas import (
     ConfigPage,
@@ -47,9 +47,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]  # read-only routes: autocommit
 
 
-def read_access(request: Request, session: SessionDep) -> None:
+def read_access(request: Request, session: ReadSessionDep) -> None:
     """Reads are open unless TILETUNE_REQUIRE_READ_TOKEN is set."""
     settings: Settings = request.app.state.settings
     authenticate(request, session, required=settings.require_read_token)
@@ -201,7 +202,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         job_id = None
         if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
             # The common anonymous read: a plain connection, no ORM session.
-            with db.engine.connect() as conn:
+            with db.reader() as conn:
                 result = store.lookup(conn, wl, versions, candidates=settings.nearest_candidates)
         else:
             with db.sessions() as session:
@@ -234,7 +235,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     @v1.get("/configs", response_model=ConfigPage, tags=["configs"], dependencies=[Depends(read_access)])
     def list_configs(
-        session: SessionDep,
+        session: ReadSessionDep,
         paging: PageDep,
         device_kind: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
         backend: Annotated[str | None, Query(max_length=16, pattern=NO_NUL)] = None,
@@ -260,7 +261,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         return ConfigPage(items=[_tuned_out(r, keys[r.workload_id]) for r in rows], next_cursor=cursor)
 
     @v1.get("/configs/{key}", response_model=WorkloadConfigs, tags=["configs"], dependencies=[Depends(read_access)])
-    def workload_configs(session: SessionDep, key: Annotated[str, Path(pattern=KEY_PATTERN)]) -> WorkloadConfigs:
+    def workload_configs(session: ReadSessionDep, key: Annotated[str, Path(pattern=KEY_PATTERN)]) -> WorkloadConfigs:
         """A workload's current best config and every config it superseded."""
         row = _workload_or_404(session, key)
         history = session.scalars(
@@ -284,7 +285,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
     ) -> JSONResponse:
         """Trials of one workload, newest first."""
-        with db.sessions() as session:
+        with db.read_sessions() as session:
             authenticate(request, session, required=settings.require_read_token)
             workload_id = session.scalar(select(models.Workload.id).where(models.Workload.key == key))
             if workload_id is None:
@@ -304,7 +305,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.TRIAL_STATUSES) + ")$")] = None,
     ) -> JSONResponse:
         """Trials across workloads, newest first, filterable."""
-        with db.sessions() as session:
+        with db.read_sessions() as session:
             authenticate(request, session, required=settings.require_read_token)
             query = select(*TRIAL_COLUMNS, models.Workload.key).join(
                 models.Workload, models.Workload.id == models.Trial.workload_id
@@ -340,7 +341,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
 
     @v1.get("/jobs", response_model=JobPage, tags=["jobs"], dependencies=[Depends(read_access)])
     def list_jobs(
-        session: SessionDep,
+        session: ReadSessionDep,
         paging: PageDep,
         status: Annotated[str | None, Query(pattern="^(" + "|".join(models.JOB_STATUSES) + ")$")] = None,
         workload_key: Annotated[str | None, Query(pattern=KEY_PATTERN)] = None,
@@ -355,7 +356,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         return JobPage(items=[_job_out(session, j, keys[j.workload_id]) for j in rows], next_cursor=cursor)
 
     @v1.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[Depends(read_access)])
-    def get_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
+    def get_job(session: ReadSessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
         job = _job_or_404(session, job_id)
         return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
 
