@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server import models, store
+from server import jobs, models, store
 from server.auth import WRITE_ROLES, authenticate, require_roles
 from server.db import Database, get_read_session, get_session
 from server.metrics import CONTENT_TYPE_LATEST, Metrics, MetricsMiddleware
@@ -26,7 +26,6 @@ from server.schemas import (
     LookupRequest,
     LookupResponse,
     TimingOut,
-    TrialOut,
     TrialPage,
     TunedConfigOut,
     Versions,
@@ -212,7 +211,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
                 result = store.lookup(session, wl, versions, candidates=settings.nearest_candidates)
                 if body.enqueue and result.source != "tuned":
                     row = store.workload_row(session, wl)
-                    job, _ = store.enqueue_job(
+                    job, _ = jobs.enqueue_job(
                         session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
                     )
                     job_id = job.id
@@ -333,10 +332,15 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     ) -> Any:
         """Queue a tuning job (never two queued or running jobs for one workload)."""
         row = store.workload_row(session, body.workload.to_workload())
-        job, created = store.enqueue_job(
-            session, row, budget=body.budget, priority=body.priority, requested_by=token.name
+        job, created = jobs.enqueue_job(
+            session,
+            row,
+            budget=body.budget,
+            priority=body.priority,
+            parallelism=body.parallelism,
+            requested_by=token.name,
         )
-        out = _job_out(session, job, row.key)
+        out = _one_job_out(session, job, row.key)
         return out if created else JSONResponse(jsonable_encoder(out), 200)
 
     @v1.get("/jobs", response_model=JobPage, tags=["jobs"], dependencies=[Depends(read_access)])
@@ -353,12 +357,13 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
             query = query.where(models.Job.workload_id == _workload_or_404(session, workload_key).id)
         rows, cursor = store.page(session, query, models.Job.id, *paging)
         keys = _workload_keys(session, {j.workload_id for j in rows})
-        return JobPage(items=[_job_out(session, j, keys[j.workload_id]) for j in rows], next_cursor=cursor)
+        progress = jobs.job_progress(session, [j.id for j in rows])
+        return JobPage(items=[_job_out(j, keys[j.workload_id], progress[j.id]) for j in rows], next_cursor=cursor)
 
     @v1.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[Depends(read_access)])
     def get_job(session: ReadSessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
         job = _job_or_404(session, job_id)
-        return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
+        return _one_job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
 
     @v1.post(
         "/jobs/{job_id}/cancel",
@@ -368,8 +373,8 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
     )
     def cancel_job(session: SessionDep, job_id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> JobOut:
         """Cancel a queued or running job (a worker stops at its next check); finished jobs are unchanged."""
-        job = store.cancel_job(session, _job_or_404(session, job_id))
-        return _job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
+        job = jobs.cancel_job(session, _job_or_404(session, job_id))
+        return _one_job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
 
     app.include_router(v1)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -401,7 +406,9 @@ def _trial_json(r: Any, key: str) -> dict[str, Any]:
         "error": r.error,
         "versions": r.versions,
         "host": r.host,
+        "worker": r.worker,
         "created_at": _iso(r.created_at),
+        "finished_at": _iso(r.finished_at),
     }
 
 
@@ -459,40 +466,26 @@ def _tuned_out(t: models.TunedConfig, key: str) -> TunedConfigOut:
     )
 
 
-def _trial_out(t: models.Trial, key: str) -> TrialOut:
-    return TrialOut(
-        id=t.id,
-        workload_key=key,
-        job_id=t.job_id,
-        number=t.number,
-        params=t.params,
-        status=t.status,
-        compile_ms=t.compile_ms,
-        median_ms=t.median_ms,
-        p10_ms=t.p10_ms,
-        p90_ms=t.p90_ms,
-        max_error=t.max_error,
-        error=t.error,
-        versions=t.versions,
-        host=t.host,
-        created_at=t.created_at,
-    )
+def _one_job_out(session: Session, job: models.Job, key: str) -> JobOut:
+    return _job_out(job, key, jobs.job_progress(session, [job.id])[job.id])
 
 
-def _job_out(session: Session, job: models.Job, key: str) -> JobOut:
-    trials = session.scalar(select(func.count()).select_from(models.Trial).where(models.Trial.job_id == job.id)) or 0
+def _job_out(job: models.Job, key: str, progress: jobs.JobProgress) -> JobOut:
     return JobOut(
         id=job.id,
         workload_key=key,
         status=job.status,
         budget=job.budget,
         priority=job.priority,
+        parallelism=job.parallelism,
         attempts=job.attempts,
-        lease_owner=job.lease_owner,
-        lease_expires_at=job.lease_expires_at,
+        workers=list(progress.workers),
         error=job.error,
         requested_by=job.requested_by,
         created_at=job.created_at,
         updated_at=job.updated_at,
-        trials=trials,
+        finished_at=job.finished_at,
+        trials=progress.trials_done,
+        trials_running=progress.trials_running,
+        best_ms=progress.best_ms,
     )

@@ -6,7 +6,11 @@
 - ``TunedConfig``: the best ok trial of a workload. A new best supersedes the old
   row (``superseded_at`` set, ``is_current`` cleared); nothing is deleted.
 - ``Job``: a request to tune a workload; at most one queued or running job per
-  workload, enforced by a partial unique index.
+  workload, enforced by a partial unique index. Up to ``parallelism`` workers
+  hold it at once, each through a ``JobLease``.
+- ``JobLease``: one worker's hold on a job, extended by its heartbeat. Rows are
+  kept after they end (``ended_at``, ``end_reason``), so who held a job when is
+  on record.
 - ``ApiToken``: bearer tokens, stored as SHA-256 hashes only.
 
 Table names carry a ``tt_`` prefix so Optuna's own tables (and its own
@@ -41,7 +45,11 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-TRIAL_STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
+# ``running``: reserved by a worker and being measured (a trial of a job is
+# inserted as running before its measurement, so two workers of one job never
+# measure the same params); every other status is final.
+TRIAL_STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong", "running")
+FINAL_TRIAL_STATUSES = TRIAL_STATUSES[:-1]
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 ACTIVE_JOB_STATUSES = ("queued", "running")
 TOKEN_ROLES = ("writer", "worker", "admin")
@@ -101,12 +109,23 @@ class Trial(Base):
     error: Mapped[str | None] = mapped_column(Text)
     versions: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     host: Mapped[str | None] = mapped_column(String(255))
+    worker: Mapped[str | None] = mapped_column(String(255))  # the worker that measured it (jobs only)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
 
     __table_args__ = (
         Index("ix_tt_trial_history", "workload_id", "id"),
         Index("ix_tt_trial_status", "workload_id", "status"),
         Index("ix_tt_trial_job", "job_id"),
+        # One trial per params in a job: the reservation that keeps workers from measuring twice.
+        Index(
+            "uq_tt_trial_job_params",
+            "job_id",
+            "params_key",
+            unique=True,
+            postgresql_where=text("job_id IS NOT NULL"),
+            sqlite_where=text("job_id IS NOT NULL"),
+        ),
     )
 
 
@@ -154,12 +173,13 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
-    lease_owner: Mapped[str | None] = mapped_column(String(255))
-    lease_expires_at: Mapped[dt.datetime | None] = mapped_column()
+    parallelism: Mapped[int] = mapped_column(Integer, default=1)  # workers that may share the job
+    finalizer: Mapped[str | None] = mapped_column(String(255))  # the worker re-timing the top configs
     error: Mapped[str | None] = mapped_column(Text)
     requested_by: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
 
     __table_args__ = (
         Index(
@@ -171,6 +191,21 @@ class Job(Base):
         ),
         Index("ix_tt_job_claim", "status", "priority", "id"),
     )
+
+
+class JobLease(Base):
+    __tablename__ = "tt_job_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("tt_job.id", ondelete="CASCADE"))
+    worker: Mapped[str] = mapped_column(String(255))
+    claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column()
+    ended_at: Mapped[dt.datetime | None] = mapped_column()
+    # done | released | expired | cancelled | failed | lost | budget
+    end_reason: Mapped[str | None] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_tt_job_lease_job", "job_id", "ended_at"),)
 
 
 class ApiToken(Base):

@@ -182,7 +182,9 @@ class TrialOut(BaseModel):
     error: str | None
     versions: dict[str, Any]
     host: str | None
+    worker: str | None = Field(None, description="The tuning worker that measured it (trials of jobs)")
     created_at: dt.datetime
+    finished_at: dt.datetime | None = None
 
 
 class TrialPage(BaseModel):
@@ -195,6 +197,7 @@ class JobRequest(BaseModel):
     workload: WorkloadSpec
     budget: int = Field(64, ge=1, le=100000, description="Trials to measure")
     priority: int = Field(0, ge=-1000, le=1000)
+    parallelism: int = Field(1, ge=1, le=64, description="Workers that may share the job (one Optuna study)")
 
 
 class JobOut(BaseModel):
@@ -203,14 +206,17 @@ class JobOut(BaseModel):
     status: str
     budget: int
     priority: int
+    parallelism: int
     attempts: int
-    lease_owner: str | None
-    lease_expires_at: dt.datetime | None
+    workers: list[str] = Field(description="Workers holding the job now")
     error: str | None
     requested_by: str | None
     created_at: dt.datetime
     updated_at: dt.datetime
-    trials: int = Field(0, description="Trials recorded so far")
+    finished_at: dt.datetime | None
+    trials: int = Field(0, description="Trials measured so far (invalid proposals not counted)")
+    trials_running: int = Field(0, description="Trials being measured now")
+    best_ms: float | None = Field(None, description="Best median time of an ok trial so far")
 
 
 class JobPage(BaseModel):

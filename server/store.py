@@ -13,17 +13,16 @@ import hmac
 import json
 import secrets
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Connection, CursorResult, Select, bindparam, select, union_all, update
+from sqlalchemy import Connection, Select, bindparam, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from kernel.heuristic import heuristic_config
 from kernel.workload import FEATURES, Workload, feature_distance
 from server import models
-from server.models import ACTIVE_JOB_STATUSES, TOKEN_ROLES, utcnow
+from server.models import TOKEN_ROLES, utcnow
 
 TOKEN_PREFIX = "tt_"
 
@@ -270,162 +269,6 @@ def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[di
     distance, key, tuned_id = min(scored)
     tuned = db.execute(_TUNED_BY_ID, {"tuned_id": tuned_id}).one()._asdict()
     return tuned, key, distance
-
-
-# ---------------------------------------------------------------- jobs
-
-
-def enqueue_job(
-    session: Session, workload: models.Workload, *, budget: int, priority: int = 0, requested_by: str | None = None
-) -> tuple[models.Job, bool]:
-    """Queue a tuning job unless one is queued or running: (job, created)."""
-    existing = active_job(session, workload.id)
-    if existing is not None:
-        return existing, False
-    job = models.Job(
-        workload_id=workload.id, status="queued", budget=budget, priority=priority, requested_by=requested_by
-    )
-    session.add(job)
-    try:
-        session.commit()
-    except IntegrityError:  # another request queued one between our read and insert
-        session.rollback()
-        existing = active_job(session, workload.id)
-        assert existing is not None
-        return existing, False
-    return job, True
-
-
-def active_job(session: Session, workload_id: int) -> models.Job | None:
-    return session.scalar(
-        select(models.Job).where(models.Job.workload_id == workload_id, models.Job.status.in_(ACTIVE_JOB_STATUSES))
-    )
-
-
-def _rowcount(result: Any) -> int:
-    """Rows an UPDATE touched (Session.execute types its result without rowcount)."""
-    return int(cast(CursorResult[Any], result).rowcount)
-
-
-def claim_job(
-    session: Session, worker: str, *, device_kind: str, backend: str, lease_s: float = 60.0
-) -> models.Job | None:
-    """Atomically take the next job this worker can run, or None.
-
-    Claimable: queued jobs, and running jobs whose lease has expired (their worker
-    died), of the worker's device kind and backend, with attempts left; highest
-    priority first, then oldest. PostgreSQL uses ``SELECT ... FOR UPDATE SKIP
-    LOCKED`` so concurrent workers never wait on or take the same row; SQLite
-    takes the candidate with a conditional UPDATE that only one writer can win.
-    """
-    now = utcnow()
-    j, w = models.Job, models.Workload
-    claimable = (
-        select(j.id)
-        .join(w, w.id == j.workload_id)
-        .where(
-            w.device_kind == device_kind,
-            w.backend == backend,
-            j.attempts < j.max_attempts,
-            (j.status == "queued") | ((j.status == "running") & (j.lease_expires_at < now)),
-        )
-        .order_by(j.priority.desc(), j.id)
-        .limit(1)
-    )
-    values = {
-        "status": "running",
-        "lease_owner": worker,
-        "lease_expires_at": now + dt.timedelta(seconds=lease_s),
-        "attempts": j.attempts + 1,
-        "updated_at": now,
-    }
-    if session.get_bind().dialect.name == "postgresql":
-        job_id = session.scalar(claimable.with_for_update(skip_locked=True, of=j))
-        if job_id is None:
-            session.rollback()
-            return None
-        session.execute(update(j).where(j.id == job_id).values(**values))
-        session.commit()
-        return session.get(j, job_id, populate_existing=True)
-    for _ in range(8):  # another worker may win the race for a candidate: try the next one
-        job_id = session.scalar(claimable)
-        if job_id is None:
-            session.rollback()
-            return None
-        won = _rowcount(
-            session.execute(
-                update(j)
-                .where(j.id == job_id, (j.status == "queued") | ((j.status == "running") & (j.lease_expires_at < now)))
-                .values(**values)
-            )
-        )
-        session.commit()
-        if won == 1:
-            return session.get(j, job_id, populate_existing=True)
-    return None
-
-
-def heartbeat(session: Session, job_id: int, worker: str, lease_s: float = 60.0) -> bool:
-    """Extend the worker's lease; False when the job is no longer this worker's
-    (cancelled, finished, or taken over after the lease expired): stop working on it."""
-    now = utcnow()
-    extended = _rowcount(
-        session.execute(
-            update(models.Job)
-            .where(models.Job.id == job_id, models.Job.lease_owner == worker, models.Job.status == "running")
-            .values(lease_expires_at=now + dt.timedelta(seconds=lease_s), updated_at=now)
-        )
-    )
-    session.commit()
-    return extended == 1
-
-
-def finish_job(session: Session, job_id: int, worker: str, status: str, error: str | None = None) -> bool:
-    """Mark the worker's job ``done`` or ``failed`` (a failed job with attempts left is queued
-    again); False if the job is no longer this worker's."""
-    if status not in ("done", "failed"):
-        raise ValueError("status must be 'done' or 'failed'")
-    job = session.get(models.Job, job_id, populate_existing=True)
-    if job is None or job.lease_owner != worker or job.status != "running":
-        session.rollback()
-        return False
-    if status == "failed" and job.attempts < job.max_attempts:
-        job.status = "queued"  # retried by the next claim
-    else:
-        job.status = status
-    job.error = error
-    job.lease_owner = None
-    job.lease_expires_at = None
-    session.commit()
-    return True
-
-
-def release_job(session: Session, job_id: int, worker: str) -> bool:
-    """Give the job back (a worker stopping on SIGTERM): queued again, attempt not counted."""
-    released = _rowcount(
-        session.execute(
-            update(models.Job)
-            .where(models.Job.id == job_id, models.Job.lease_owner == worker, models.Job.status == "running")
-            .values(
-                status="queued",
-                lease_owner=None,
-                lease_expires_at=None,
-                attempts=models.Job.attempts - 1,
-                updated_at=utcnow(),
-            )
-        )
-    )
-    session.commit()
-    return released == 1
-
-
-def cancel_job(session: Session, job: models.Job) -> models.Job:
-    if job.status in ACTIVE_JOB_STATUSES:
-        job.status = "cancelled"
-        job.lease_owner = None
-        job.lease_expires_at = None
-        session.commit()
-    return job
 
 
 # ---------------------------------------------------------------- listings
