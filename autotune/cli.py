@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune import tune_cli
+from autotune import tune_cli, worker_cli
 from server import cli as server_cli
 
 app = typer.Typer(help="tiletune: autotuned tile configs for sparse video attention.", no_args_is_help=True)
@@ -23,6 +23,8 @@ app.command()(server_cli.lookup)
 app.command()(server_cli.configs)
 app.command()(server_cli.history)
 app.command()(tune_cli.tune)
+app.command()(worker_cli.worker)
+app.command()(worker_cli.up)
 bench_app.command("search")(tune_cli.bench_search)
 
 console = Console(stderr=True)

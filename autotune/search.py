@@ -43,6 +43,25 @@ class Measurer(Protocol):
     def dense_ms(self, repeats: int = 5) -> float | None: ...
 
 
+class Coordinator(Protocol):
+    """The shared book-keeping of a search that several processes run on one study
+    (the tuning workers of one job): the budget, who measures what, when to stop.
+
+    ``reserve`` answers ``("go", None)`` (measure it), ``("known", m)`` (measured
+    already, possibly by another worker: its measurement), ``("busy", None)``
+    (another worker is measuring it), ``("full", None)`` (the budget is spent) or
+    ``("stop", None)`` (stop now: the job was cancelled or lost, or the worker is
+    shutting down). ``complete`` records a measured trial and returns False when
+    the result could not be kept (the worker lost the job): the search stops.
+    """
+
+    def measured(self) -> dict[str, Measurement]: ...
+    def reserve(self, config: TileConfig, number: int) -> tuple[str, Measurement | None]: ...
+    def complete(self, trial: TrialResult) -> bool: ...
+    def invalid(self, config: TileConfig, reason: str) -> None: ...
+    def stopping(self) -> bool: ...
+
+
 @dataclasses.dataclass
 class SearchOptions:
     trials: int = 40  # measured configs (invalid and repeated proposals do not count)
@@ -173,8 +192,18 @@ def run_search(
     study_name: str | None = None,
     on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
     on_invalid: Callable[[TileConfig, str], None] | None = None,
+    coordinator: Coordinator | None = None,
+    finalize: bool = True,
 ) -> SearchResult:
-    """Search ``space`` with ``measurer``; ``on_trial`` sees every measured trial as it finishes."""
+    """Search ``space`` with ``measurer``; ``on_trial`` sees every measured trial as it finishes.
+
+    Alone, the search measures ``options.trials`` new configs. With a
+    ``coordinator`` (workers sharing one job's study in ``storage``) the
+    coordinator decides: the budget is the job's, configs measured by any worker
+    are never measured again, and the search ends when the coordinator says so.
+    ``finalize=False`` skips re-timing the top configs (a job's finalizer re-times
+    the finalists of every worker, see :func:`pick_winner`).
+    """
     o = options or SearchOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     coding = ParamCoding(space)
@@ -197,12 +226,20 @@ def run_search(
     known: dict[str, tuple[float, bool]] = {}
     unmeasured = {config_key(c): c for c in space.enumerate()}
     best_ms: float | None = None
+    if coordinator is not None:  # a resumed or shared job: what is measured stays measured
+        for key, m in coordinator.measured().items():
+            known[key] = _objective(m)
+            unmeasured.pop(key, None)
+            if m.status == "ok" and m.median_ms is not None and (best_ms is None or m.median_ms < best_ms):
+                best_ms = m.median_ms
     deadline = time.monotonic() + o.timeout_s if o.timeout_s else None
     budget = min(o.trials, len(unmeasured))
     rng = np.random.default_rng(o.seed)
     stale = 0  # asks in a row that measured nothing
-    while len(result.trials) < budget:
+    while coordinator is not None or len(result.trials) < budget:
         if deadline is not None and time.monotonic() > deadline:
+            break
+        if coordinator is not None and (coordinator.stopping() or not unmeasured):
             break
         if stale >= MAX_STALE_ASKS:
             # The sampler keeps proposing known or invalid points: measure an
@@ -228,26 +265,52 @@ def run_search(
             result.invalid += 1
             stale += 1
             _tell(study, trial, PENALTY_MS, False)
+            if coordinator is not None:
+                coordinator.invalid(config, reason)
             if on_invalid is not None:
                 on_invalid(config, reason)
             continue
+        if coordinator is not None:
+            verdict, elsewhere = coordinator.reserve(config, trial.number)
+            if verdict in ("full", "stop"):
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                break
+            if verdict == "busy":  # another worker measures it right now
+                unmeasured.pop(key, None)
+                stale += 1
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            if verdict == "known" and elsewhere is not None:
+                known[key] = _objective(elsewhere)
+                unmeasured.pop(key, None)
+                result.repeated += 1
+                stale += 1
+                _tell(study, trial, *known[key])
+                continue
         stale = 0
         unmeasured.pop(key, None)
         prune_above = best_ms * o.prune_factor if (o.prune and best_ms is not None) else None
         measurement = measurer.measure(config, prune_above)
-        feasible = measurement.status in ("ok", "pruned") and measurement.median_ms is not None
-        value = float(measurement.median_ms) if feasible and measurement.median_ms is not None else PENALTY_MS
-        known[key] = (value, feasible)
+        value, feasible = known[key] = _objective(measurement)
         _tell(study, trial, value, feasible)
         record = TrialResult(trial.number, config, measurement)
+        if coordinator is not None and not coordinator.complete(record):
+            break
         result.trials.append(record)
         if measurement.status == "ok" and (best_ms is None or value < best_ms):
             best_ms = value
             result.best = record
         if on_trial is not None:
             on_trial(record, result)
-    _pick_winner(result, measurer, o)
+    if finalize:
+        pick_winner(result, measurer, o)
     return result
+
+
+def _objective(m: Measurement) -> tuple[float, bool]:
+    """(value, feasible) told to the sampler: pruned configs keep their partial median."""
+    feasible = m.status in ("ok", "pruned") and m.median_ms is not None
+    return (float(m.median_ms) if feasible and m.median_ms is not None else PENALTY_MS), feasible
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float, feasible: bool) -> None:
@@ -255,8 +318,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, feasible: bool
     study.tell(trial, value)
 
 
-def _pick_winner(result: SearchResult, measurer: Measurer, o: SearchOptions) -> None:
-    """Re-time the top configs in interleaved rounds; the best median wins."""
+def pick_winner(result: SearchResult, measurer: Measurer, o: SearchOptions) -> None:
+    """Re-time the top ``o.top_k`` ok trials of ``result`` in interleaved rounds; the best
+    median wins (``result.best``, with its runs in ``result.best_runs_ms``)."""
     ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
     finalists = ok[: max(1, o.top_k)]
     if not finalists:

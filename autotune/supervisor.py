@@ -11,6 +11,7 @@ as ``timeout``; either way a fresh child is started and the search goes on.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 import traceback
 from typing import Any
@@ -59,6 +60,10 @@ class ChildCrashedError(RuntimeError):
     pass
 
 
+class MeasurementAborted(Exception):  # noqa: N818  (not an error: the caller asked for it)
+    """The measurement in flight was abandoned on request (``abort`` was set); the child is gone."""
+
+
 class Supervisor:
     """Runs measurements in a child process; restarts it after a crash or a hang."""
 
@@ -70,13 +75,17 @@ class Supervisor:
         trial_timeout_s: float = 300.0,
         startup_timeout_s: float = 300.0,
         inject: dict[str, str] | None = None,
+        abort: threading.Event | None = None,
     ) -> None:
+        """``abort``: when set, the call in flight is abandoned (the child is killed) and
+        raises :class:`MeasurementAborted`; a later call starts a fresh child."""
         self.workload = workload
         self.backend = backend
         self.options = options or MeasureOptions()
         self.trial_timeout_s = trial_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.inject = inject or {}
+        self.abort = abort
         self.restarts = 0
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited JAX/XLA state
         self._proc: Any = None
@@ -149,6 +158,12 @@ class Supervisor:
                 raise ChildCrashedError(self._exit_text())
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no answer after {timeout_s:g} s while {what}")
+            if self.abort is not None and self.abort.is_set():
+                self._proc.kill()
+                self._proc.join(5)
+                self._conn.close()
+                self._proc = None
+                raise MeasurementAborted(f"abandoned while {what}")
 
     def _exit_text(self) -> str:
         self._proc.join(1)
@@ -163,6 +178,8 @@ class Supervisor:
         return f"measuring process exited with code {code}"
 
     def _call(self, op: str, payload: Any, what: str) -> Any:
+        if self._proc is None:  # aborted earlier: a fresh child
+            self.start()
         self._conn.send((op, payload))
         status, result = self._receive(self.trial_timeout_s, what)
         if status == "error":

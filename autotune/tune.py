@@ -116,14 +116,15 @@ def tune_workload(
 def local_workload(
     spec: dict[str, Any] | None, preset: str | None, backend: str, dtype: str | None, batch: int
 ) -> Workload:
-    """The workload of this machine's first device from a preset or a workload JSON object."""
-    import jax
-
+    """The workload of this machine's first device from a preset or a workload JSON object
+    (the device is probed in a child process: this one must leave it to the measuring child)."""
+    from autotune.device import probe_device
     from kernel.attention import resolve_backend
     from kernel.presets import get_preset
 
-    backend = resolve_backend(backend)
-    device_kind = jax.devices()[0].device_kind
+    device = probe_device()
+    backend = resolve_backend(backend, device.platform)
+    device_kind = device.kind
     if spec is not None:
         from server.schemas import WorkloadSpec
 

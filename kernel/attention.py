@@ -42,15 +42,18 @@ def set_config_resolver(resolver: ConfigResolver | None) -> None:
     _resolver = resolver
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, platform: str | None = None) -> str:
+    """The concrete backend of ``backend`` on ``platform`` (default: this process's
+    ``jax.default_backend()``, which initialises JAX's backends)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    platform = platform or jax.default_backend()
     if backend == "auto":
-        return "tpu" if jax.default_backend() == "tpu" else "xla"
-    if backend == "tpu" and jax.default_backend() != "tpu":
+        return "tpu" if platform == "tpu" else "xla"
+    if backend == "tpu" and platform != "tpu":
         raise ValueError(
-            "backend='tpu' needs a TPU device (this process sees "
-            f"{jax.default_backend()!r}); use 'interpret' for correctness or 'xla' for timing"
+            f"backend='tpu' needs a TPU device (this machine has {platform!r}); "
+            "use 'interpret' for correctness or 'xla' for timing"
         )
     return backend
 

@@ -1,0 +1,165 @@
+"""CLI of the tuning workers: ``tiletune worker`` and ``tiletune up``."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True, soft_wrap=True)  # log lines stay whole when written to a file
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="The service's database (default: TILETUNE_DATABASE_URL or ./tiletune.db)"),
+]
+
+
+def install_stop_signals(stop: Any, what: str) -> None:
+    """SIGTERM / SIGINT: the first calls ``stop(False)`` (finish the trial in flight, give
+    the job back), the second ``stop(True)`` (abandon it now)."""
+    seen = {"n": 0}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        seen["n"] += 1
+        name = signal.Signals(signum).name
+        if seen["n"] == 1:
+            err.print(f"{name}: {what} stops after the trial in flight (again to abandon it)")
+            stop(False)
+        else:
+            err.print(f"{name}: abandoning the trial in flight")
+            stop(True)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def worker(
+    database_url: DatabaseOpt = None,
+    backend: Annotated[str, typer.Option(help="auto | tpu | xla | interpret | replay")] = "auto",
+    device_kind: Annotated[
+        str, typer.Option(help="Jobs of this device kind (auto: this machine's jax.devices()[0].device_kind)")
+    ] = "auto",
+    max_jobs: Annotated[int | None, typer.Option(min=1, help="Stop after this many jobs")] = None,
+    exit_when_idle: Annotated[bool, typer.Option(help="Stop when no job is left to claim")] = False,
+    lease: Annotated[float, typer.Option(min=1, help="Lease seconds (a heartbeat extends it every third)")] = 60,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between claims when the queue is empty")] = 2,
+    trial_timeout: Annotated[
+        float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
+    ] = 300,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
+    replay_table: Annotated[
+        list[Path] | None, typer.Option("--replay-table", help="Recorded tables served by --backend replay")
+    ] = None,
+    replay_sleep: Annotated[
+        float, typer.Option(min=0, help="Replay: sleep this fraction of each recorded compile + run time")
+    ] = 1.0,
+    name: Annotated[str | None, typer.Option(help="Worker name in leases and trials (default host-pid-random)")] = None,
+    quiet: Annotated[bool, typer.Option(help="Print jobs only, not every trial")] = False,
+) -> None:
+    """Claim queued tuning jobs of this machine's device kind and backend and run them.
+
+    Trials are stored as they finish; the best config becomes the workload's
+    tuned config. SIGTERM or Ctrl-C stops after the trial in flight and gives the
+    job back; a second one abandons the trial at once.
+    """
+    import logging
+
+    from autotune.measure import MeasureOptions
+    from autotune.worker import WORKER_BACKENDS, Worker, WorkerOptions
+    from server.migrate import upgrade
+    from server.settings import Settings
+
+    if backend not in WORKER_BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {WORKER_BACKENDS}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    url = database_url or Settings().database_url
+    options = WorkerOptions(
+        database_url=url,
+        backend=backend,
+        device_kind=device_kind,
+        max_jobs=max_jobs,
+        exit_when_idle=exit_when_idle,
+        lease_s=lease,
+        poll_s=poll,
+        trial_timeout_s=trial_timeout,
+        measure=MeasureOptions(repeats=repeats),
+        replay_tables=tuple(replay_table or ()),
+        replay_sleep=replay_sleep,
+        name=name,
+    )
+    try:
+        upgrade(url)
+        w = Worker(options, on_event=lambda kind, data: _print_event(kind, data, quiet))
+    except (ValueError, RuntimeError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    install_stop_signals(lambda abandon: w.request_stop(abandon), "the worker")
+    try:
+        outcomes = w.run()
+    finally:
+        w.close()
+    failed = [o for o in outcomes if o.status == "failed"]
+    err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
+
+
+def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
+    if kind == "started":
+        err.print(f"worker {d['worker']} claiming {d['backend']} jobs for device kind {d['device_kind']!r}")
+    elif kind == "job_started":
+        err.print(f"job {d['job_id']}: tuning {d['workload_key']} (budget {d['budget']}, attempt {d['attempt']})")
+    elif kind == "trial" and not quiet:
+        ms = f"{d['median_ms']:.3f} ms" if d["median_ms"] is not None else "-"
+        err.print(f"  job {d['job_id']} trial {d['number']}: {d['config']}: {d['status']} {ms}")
+    elif kind == "tuned":
+        speed = f", {d['dense_ms'] / d['median_ms']:.2f}x over dense" if d["dense_ms"] else ""
+        err.print(
+            f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
+            f"(tuned config {d['tuned_config_id']})"
+        )
+    elif kind == "job_finished" and d["status"] != "done":
+        extra = f": {d['error']}" if d.get("error") else ""
+        err.print(f"job {d['job_id']}: {d['status']} after {d['trials']} trial(s) here{extra}")
+
+
+def up(
+    host: Annotated[str, typer.Option(help="Bind address of the server")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    database_url: DatabaseOpt = None,
+    backend: Annotated[str, typer.Option(help="The local worker's backend: auto | tpu | xla | interpret")] = "auto",
+    preset: Annotated[str | None, typer.Option(help="Preset queued for tuning ('' for none)")] = "cpu-demo",
+    trials: Annotated[int, typer.Option(min=1, help="Trial budget of the queued job")] = 40,
+    exit_when_tuned: Annotated[bool, typer.Option(help="Stop everything once the queued job is done")] = False,
+    log_dir: Annotated[
+        Path | None, typer.Option(help="Where the server and worker logs go (default: a new temp dir)")
+    ] = None,
+) -> None:
+    """Run the whole service on this machine: migrations, the server, one worker, a demo job.
+
+    Applies the migrations, starts the API server and one tuning worker on this
+    machine's backend, queues PRESET (cpu-demo), shows the job's progress, prints
+    a lookup to paste once it is tuned, and stops both cleanly on Ctrl-C.
+    """
+    from autotune.up import UpOptions, run_up
+    from server.settings import Settings
+
+    options = UpOptions(
+        host=host,
+        port=port,
+        database_url=database_url or Settings().database_url,
+        backend=backend,
+        preset=preset or None,
+        trials=trials,
+        exit_when_tuned=exit_when_tuned,
+        log_dir=log_dir,
+    )
+    try:
+        code = run_up(options, err)
+    except (ValueError, RuntimeError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if code:
+        raise typer.Exit(code)
