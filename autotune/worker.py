@@ -61,8 +61,9 @@ def worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def study_name(job_id: int) -> str:
-    return f"tiletune-job-{job_id}"
+def study_name(job: Any) -> str:
+    """The Optuna study of a job: its id and creation time (ids restart when tables are emptied)."""
+    return f"tiletune-job-{job.id}-{job.created_at:%Y%m%dT%H%M%S%f}"
 
 
 def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
@@ -187,7 +188,7 @@ class Worker:
                 job = jobs.claim_job(
                     session, self.name, device_kind=self.device_kind, backend=self.backend, lease_s=self.o.lease_s
                 )
-                claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts)
+                claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
             if claimed is None:
                 if self.o.exit_when_idle:
                     break
@@ -199,7 +200,7 @@ class Worker:
         self.on_event("stopped", {"worker": self.name, "jobs": len(outcomes)})
         return outcomes
 
-    def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int) -> JobOutcome:
+    def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int, study: str) -> JobOutcome:
         """Run the claimed job ``job_id`` to its end (or this worker's part of it)."""
         from server import jobs, models, store
 
@@ -224,7 +225,7 @@ class Worker:
         coordinator = JobCoordinator(self, job_id, workload_id, lost)
         try:
             with self._measurer(workload) as measurer:
-                result = self._search(job_id, workload, measurer, coordinator, seeds)
+                result = self._search(job_id, study, workload, measurer, coordinator, seeds)
                 if lost.is_set():
                     return JobOutcome(job_id, workload.key, "lost", len(result.trials))
                 if self._stop.is_set():
@@ -270,6 +271,7 @@ class Worker:
     def _search(
         self,
         job_id: int,
+        study: str,
         workload: Workload,
         measurer: Measurer,
         coordinator: JobCoordinator,
@@ -298,7 +300,7 @@ class Worker:
             measurer,
             options,
             storage=self.storage(),
-            study_name=study_name(job_id),
+            study_name=study,
             coordinator=coordinator,
             on_trial=progress,
             finalize=False,

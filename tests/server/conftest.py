@@ -1,9 +1,8 @@
-"""Server fixtures: every API test runs on SQLite and, when TILETUNE_TEST_DATABASE_URL
-is set, on PostgreSQL. Migrations run once per database; tables are emptied per test."""
+"""Server fixtures (``database_url`` and ``db``, in tests/conftest.py, give every API test SQLite
+and, when TILETUNE_TEST_DATABASE_URL is set, PostgreSQL)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,32 +13,10 @@ from sqlalchemy import text
 from server import store
 from server.app import create_app
 from server.db import Database
-from server.migrate import upgrade
 from server.models import Base
 from server.settings import Settings
 
 TABLES = [t.name for t in reversed(Base.metadata.sorted_tables)]
-
-
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'tiletune-test.db'}"
-    else:
-        env = os.environ.get("TILETUNE_TEST_DATABASE_URL")
-        if not env:
-            pytest.skip("TILETUNE_TEST_DATABASE_URL is not set (.ci/run sets it to a fresh database)")
-        url = env
-    upgrade(url)
-    return url
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    database.empty_tables()
-    yield database
-    database.dispose()
 
 
 @pytest.fixture

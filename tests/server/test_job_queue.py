@@ -27,7 +27,9 @@ def queue_jobs(
     ids = []
     with db.sessions() as session:
         for i in range(n):
-            wl = WorkloadSpec.model_validate(workload_body(device_kind=device_kind, batch=first_batch + i)).to_workload()
+            wl = WorkloadSpec.model_validate(
+                workload_body(device_kind=device_kind, batch=first_batch + i)
+            ).to_workload()
             job, created = jobs.enqueue_job(
                 session, store.workload_row(session, wl), budget=budget, priority=priority, parallelism=parallelism
             )
