@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -180,6 +181,64 @@ def bench_service_cmd(
             for sample in p["error_samples"]:
                 console.print(f"  {name}: {sample}")
         raise typer.Exit(1)
+
+
+@bench_app.command("workers")
+def bench_workers_cmd(
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
+            "before each run. Default: a new temporary SQLite file.",
+        ),
+    ] = None,
+    workers: Annotated[
+        str, typer.Option(help="Worker process counts, e.g. 1,2,4 (start with 1: the baseline)")
+    ] = "1,2,4",
+    jobs_per_worker: Annotated[int, typer.Option(min=1, help="Jobs queued per worker in each run")] = 6,
+    budget: Annotated[int, typer.Option(min=1, help="Trials per job")] = 8,
+    replay_sleep: Annotated[
+        float, typer.Option(min=0.0, help="Fraction of each recorded compile + run time slept (stands for device time)")
+    ] = 0.3,
+    table: Annotated[Path | None, typer.Option(help="Recorded table the replay backend serves")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Jobs per minute on the replay backend as worker processes are added, and the scaling efficiency."""
+    from autotune.bench_workers import DEFAULT_TABLE, WorkersBenchOptions, run_workers_bench
+
+    counts = _ints(workers, "--workers")
+    opts = WorkersBenchOptions(
+        database_url=database_url,
+        workers=counts,
+        jobs_per_worker=jobs_per_worker,
+        budget=budget,
+        replay_sleep=replay_sleep,
+        table=table or DEFAULT_TABLE,
+    )
+    try:
+        with console.status("benchmarking") as status:
+            report = run_workers_bench(opts, progress=lambda msg: status.update(msg))
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    o = report["options"]
+    out = _stdout_console()
+    out.print(
+        f"[bold]tiletune bench workers[/bold] on {o['database']} ({o['database_url']}), replay of {o['table']}, "
+        f"{o['jobs_per_worker']} jobs per worker x {o['budget']} trials, {o['replayed_seconds_per_trial']} s "
+        f"slept per trial, {o['cpus']} CPUs"
+    )
+    t = Table("workers", "jobs", "failed", "trials", "seconds", "jobs/min", "scaling efficiency")
+    for r in report["runs"]:
+        eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
+        t.add_row(str(r["workers"]), str(r["jobs"]), str(r["failed"]), str(r["trials"]), f"{r['seconds']:.1f}",
+                  f"{r['jobs_per_minute']:.1f}", eff)  # fmt: skip
+    out.print(t)
+    out.print("scaling efficiency: (jobs/min at N / N) / (jobs/min at 1 worker), measured in this run")
 
 
 def _print_service_report(report: dict) -> None:

@@ -69,17 +69,24 @@ def study_name(job: Any) -> str:
 def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on tiletune's database (its tables live beside ours).
 
-    SQLite gets a long busy timeout (the server and the worker write the same
-    file). Creating the tables races when several workers start at once on a
-    fresh database, so a failed first connection is retried.
+    On SQLite its connections get tiletune's pragmas with a long busy timeout
+    (the server and the worker write the same file; Optuna commits every
+    suggested param, so an fsync per commit cost 5 ms each). Creating the tables
+    races when several workers start at once on a fresh database, so a failed
+    first connection is retried.
     """
-    from server.db import normalize_url
+    from server.db import configure_sqlite, normalize_url
 
     url = normalize_url(url)
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    sqlite = url.startswith("sqlite")
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            if sqlite:
+                configure_sqlite(storage.engine, 60000, foreign_keys=False)
+                storage.engine.dispose()  # the connection that created the tables had no pragmas
+            return storage
         except Exception:
             if attempt == attempts - 1:
                 raise

@@ -19,23 +19,32 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def configure_sqlite(engine: Engine, busy_timeout_ms: int, *, foreign_keys: bool = True) -> None:
+    """Pragmas on every new connection of a SQLite engine: WAL (readers never block the
+    writer), a busy timeout (writers wait for each other instead of failing with
+    "database is locked"), and synchronous=NORMAL (no fsync per commit; WAL stays
+    consistent, a power cut loses at most the last commits)."""
+    memory = ":memory:" in str(engine.url)
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        if not memory:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        if foreign_keys:
+            cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+
 def make_engine(url: str, *, busy_timeout_ms: int = 10000, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000}, **kwargs
         )
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            if ":memory:" not in url:
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
+        configure_sqlite(engine, busy_timeout_ms)
         return engine
     # No pool_pre_ping: it costs a round trip per request. A connection broken by a
     # database restart fails one request (503, see server.app) and is discarded.

@@ -1,0 +1,168 @@
+"""The newcomer's path end to end on a fresh SQLite file: ``tiletune up`` brings the server
+and a worker up and tunes cpu-demo; meanwhile a lookup miss queues a second job, the
+worker tunes it on the xla backend, and the next lookup answers ``tuned`` with a
+config that runs exactly. Clients read the service all along: no 5xx, and no
+"database is locked" anywhere while the server and the worker share the file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jax
+import numpy as np
+import pytest
+
+from autotune.tune import software_versions
+from kernel.attention import sparse_attention
+from kernel.config import TileConfig
+from kernel.layout import VideoLayout
+from kernel.pattern import HeadPattern, SparsityPattern
+from kernel.reference import reference_attention
+from server import store
+from server.db import Database
+from server.migrate import upgrade
+from tests.server.test_cli import free_port
+
+SMALL = {
+    "device_kind": "cpu",
+    "backend": "xla",
+    "dtype": "float32",
+    "head_dim": 32,
+    "pattern": {
+        "layout": {"frames": 4, "tokens_per_frame": 64},
+        "heads": [{"kind": "spatial", "window_frames": 1}, {"kind": "temporal", "window_positions": 4}],
+    },
+}
+CPU_DEMO = {"device_kind": "cpu", "backend": "xla", "dtype": "float32", "preset": "cpu-demo"}
+
+
+class Reader(threading.Thread):
+    """Lookups, history pages and job listings in a loop; keeps every unexpected answer."""
+
+    def __init__(self, base: str, versions: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.base, self.versions = base, versions
+        self.stop = threading.Event()
+        self.requests = 0
+        self.bad: list[str] = []
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=30) as client:
+            while not self.stop.is_set():
+                for method, path, body in (
+                    ("POST", "/v1/lookup", {"workload": CPU_DEMO, "versions": self.versions}),
+                    ("POST", "/v1/lookup", {"workload": SMALL, "versions": self.versions}),
+                    ("GET", "/v1/jobs", None),
+                    ("GET", "/v1/trials?limit=20", None),
+                ):
+                    try:
+                        r = client.request(method, path, json=body)
+                    except httpx.HTTPError as exc:
+                        self.bad.append(f"{method} {path}: {exc!r}")
+                        continue
+                    self.requests += 1
+                    if r.status_code >= 500:
+                        self.bad.append(f"{method} {path}: {r.status_code} {r.text[:300]}")
+                time.sleep(0.05)
+
+
+def wait_done(client: httpx.Client, job_id: int, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in ("done", "failed", "cancelled"):
+            return job
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} not done after {timeout_s:g} s: {job}")
+
+
+@pytest.mark.slow
+def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    upgrade(url)
+    db = Database(url)
+    with db.sessions() as session:
+        token = store.create_token(session, "e2e", "writer")
+    db.dispose()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    logs = tmp_path / "logs"
+    env = {**os.environ, "TILETUNE_JOB_BUDGET_DEFAULT": "6"}  # the lookup-miss job: small budget
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "up",
+            "--database-url",
+            url,
+            "--port",
+            str(port),
+            "--log-dir",
+            str(logs),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    versions = {k: v for k, v in software_versions().items() if v is not None}
+    reader = Reader(base, versions)
+    try:
+        with httpx.Client(base_url=base, timeout=30) as client:
+            deadline = time.monotonic() + 120
+            while True:  # up is ready once the demo job is queued
+                try:
+                    if client.get("/v1/jobs").json()["items"]:
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                assert up.poll() is None and time.monotonic() < deadline, up.stdout.read().decode()  # type: ignore[union-attr]
+                time.sleep(0.5)
+            reader.start()
+            (demo_job,) = client.get("/v1/jobs").json()["items"]
+            miss = client.post(
+                "/v1/lookup",
+                json={"workload": SMALL, "versions": versions, "enqueue": True},
+                headers={"authorization": f"Bearer {token}"},
+            ).json()
+            assert miss["source"] == "heuristic" and miss["job_id"] is not None
+            demo = wait_done(client, demo_job["id"], 600)
+            small = wait_done(client, miss["job_id"], 300)
+            assert demo["status"] == "done" and demo["trials"] == 40, demo
+            assert small["status"] == "done" and small["trials"] == 6, small
+            hit = client.post("/v1/lookup", json={"workload": SMALL, "versions": versions}).json()
+            demo_hit = client.post("/v1/lookup", json={"workload": CPU_DEMO, "versions": versions}).json()
+        assert hit["source"] == "tuned" and hit["config_id"] is not None
+        assert demo_hit["source"] == "tuned"
+    finally:
+        reader.stop.set()
+        reader.join(30)
+        up.send_signal(signal.SIGINT)
+        try:
+            output = up.communicate(timeout=120)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            up.kill()
+            output = up.communicate()[0].decode(errors="replace")
+    assert up.returncode == 0, output
+    assert "look it up with:" in output and "curl -s" in output
+    assert reader.requests > 20 and reader.bad == []
+    everything = output + "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
+    assert "database is locked" not in everything
+    assert "Traceback" not in everything, everything[-3000:]
+
+    # The tuned config of the missed workload runs exactly.
+    config = TileConfig.from_dict(hit["config"])
+    pattern = SparsityPattern(VideoLayout(4, 64), (HeadPattern.spatial(1), HeadPattern.temporal(4)))
+    keys = jax.random.split(jax.random.PRNGKey(3), 3)
+    q, k, v = (jax.random.normal(key, (1, 2, pattern.seq_len, 32), np.float32) for key in keys)
+    out = np.asarray(sparse_attention(q, k, v, pattern, config, backend="xla"))
+    ref = np.asarray(reference_attention(q, k, v, pattern))
+    assert np.abs(out - ref).max() <= 2e-5
