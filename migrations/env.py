@@ -8,23 +8,16 @@ tables are ignored by autogenerate.
 
 from __future__ import annotations
 
-from typing import Any
-
 from alembic import context
 from sqlalchemy import Connection
 
 from server.db import make_engine
+from server.migrate import include_object
 from server.models import Base
 from server.settings import get_settings
 
 VERSION_TABLE = "tiletune_alembic_version"
 config = context.config
-
-
-def _include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
-    if type_ == "table":
-        return bool(name and name.startswith("tt_"))
-    return True
 
 
 def _configure(connection: Connection) -> None:
@@ -33,7 +26,7 @@ def _configure(connection: Connection) -> None:
         target_metadata=Base.metadata,
         version_table=VERSION_TABLE,
         render_as_batch=connection.dialect.name == "sqlite",
-        include_object=_include_object,
+        include_object=include_object,
         compare_type=True,
     )
 
@@ -48,9 +41,20 @@ def run_migrations_online() -> None:
     url = config.attributes.get("database_url") or get_settings().database_url
     engine = make_engine(url)
     with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # Batch mode rebuilds a table as copy, DROP, rename; with foreign keys on,
+            # the DROP deletes the rows of every ON DELETE CASCADE child (a workload's
+            # trials, jobs and configs). The pragma only takes outside a transaction.
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
         _configure(conn)
         with context.begin_transaction():
             context.run_migrations()
+        if sqlite:
+            broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"migrations left rows that break foreign keys: {broken[:5]}")
     engine.dispose()
 
 

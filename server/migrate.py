@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -14,6 +15,13 @@ import migrations
 from server.db import make_engine, normalize_url
 
 VERSION_TABLE = "tiletune_alembic_version"
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """Autogenerate looks at tiletune's ``tt_*`` tables only (Optuna's live beside them)."""
+    if type_ == "table":
+        return bool(name and name.startswith("tt_"))
+    return True
 
 
 def alembic_config(url: str) -> Config:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from kernel.workload import Workload
-from server import store
+from server import jobs, store
 from server.db import Database
 from server.schemas import WorkloadSpec
 from tests.server.conftest import row_counts, workload_body
@@ -185,6 +185,30 @@ def test_jobs_create_list_cancel(client: TestClient, db: Database, writer_token:
     renewed = client.post("/v1/jobs", json={"workload": workload_body()}, headers=auth)
     assert renewed.status_code == 201 and renewed.json()["id"] != job["id"]
     assert client.get("/v1/jobs/999999").status_code == 404
+
+
+def test_job_endpoints_show_progress(client: TestClient, db: Database, writer_token: str) -> None:
+    """Trials done and in flight, the best so far and the workers holding the job, as a worker reports them."""
+    auth = {"authorization": f"Bearer {writer_token}"}
+    job = client.post(
+        "/v1/jobs", json={"workload": workload_body(), "budget": 6, "parallelism": 2}, headers=auth
+    ).json()
+    assert (job["trials"], job["trials_running"], job["best_ms"], job["workers"]) == (0, 0, None, [])
+    assert job["parallelism"] == 2
+    with db.sessions() as session:
+        assert jobs.claim_job(session, "w1", device_kind="cpu", backend="xla") is not None
+        assert jobs.claim_job(session, "w2", device_kind="cpu", backend="xla") is not None
+        for i, median in enumerate((3.0, 2.5)):
+            r = jobs.reserve_trial(session, job["id"], "w1", {**CONFIG, "block_q": 32 * (i + 1)})
+            assert jobs.complete_trial(session, r.trial_id or 0, "w1", "ok", median_ms=median)
+        jobs.reserve_trial(session, job["id"], "w2", {**CONFIG, "block_q": 256})
+    shown = client.get(f"/v1/jobs/{job['id']}").json()
+    assert shown["status"] == "running" and shown["attempts"] == 1
+    assert (shown["trials"], shown["trials_running"], shown["best_ms"]) == (2, 1, 2.5)
+    assert shown["workers"] == ["w1", "w2"]
+    assert client.get("/v1/jobs").json()["items"][0]["trials"] == 2
+    running = client.get("/v1/trials", params={"job_id": job["id"], "status": "running"}).json()["items"]
+    assert [(t["worker"], t["status"], t["finished_at"]) for t in running] == [("w2", "running", None)]
 
 
 def test_openapi_documents_the_api(client: TestClient) -> None:

@@ -363,6 +363,9 @@ ROWS: list[Bad] = [
     job("jobs-budget-absurd", "budget", {"workload": VALID, "budget": 10**9}),
     job("jobs-budget-string", "budget", {"workload": VALID, "budget": "lots"}),
     job("jobs-priority-out-of-range", "priority", {"workload": VALID, "priority": 5000}),
+    job("jobs-parallelism-zero", "parallelism", {"workload": VALID, "parallelism": 0}),
+    job("jobs-parallelism-absurd", "parallelism", {"workload": VALID, "parallelism": 10**6}),
+    job("jobs-parallelism-float", "parallelism", {"workload": VALID, "parallelism": 2.5}),
     job("jobs-unknown-field", "urgent", {"workload": VALID, "urgent": True}),
     job(
         "jobs-device_kind-nul",
