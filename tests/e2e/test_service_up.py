@@ -26,7 +26,7 @@ from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import reference_attention
-from server import store
+from server import models, store
 from server.db import Database
 from server.migrate import upgrade
 from tests.server.test_cli import free_port
@@ -166,3 +166,45 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
     out = np.asarray(sparse_attention(q, k, v, pattern, config, backend="xla"))
     ref = np.asarray(reference_attention(q, k, v, pattern))
     assert np.abs(out - ref).max() <= 2e-5
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_up_cleanly_mid_tuning(tmp_path: Path) -> None:
+    """Ctrl-C while cpu-demo tunes: the worker finishes its trial and gives the job back,
+    the server stops, and up exits 0 (the job resumes on the next start)."""
+    url = f"sqlite:///{tmp_path / 'stop.db'}"
+    port = free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", "up", "--database-url", url, "--port", str(port),
+         "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        db = None
+        deadline = time.monotonic() + 180
+        while True:
+            assert up.poll() is None and time.monotonic() < deadline, "up stopped or no trial finished in time"
+            if (tmp_path / "stop.db").exists():
+                db = db or Database(url)
+                with db.read_sessions() as session:
+                    done = session.query(models.Trial).filter(models.Trial.status != "running").count()
+                if done >= 2:
+                    break
+            time.sleep(0.5)
+        up.send_signal(signal.SIGINT)
+        output = up.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, output
+    assert db is not None
+    with db.read_sessions() as session:
+        (job,) = session.query(models.Job).all()
+        leases = session.query(models.JobLease).all()
+        running = session.query(models.Trial).filter(models.Trial.status == "running").count()
+    db.dispose()
+    assert job.status == "queued" and job.attempts == 0, (job.status, job.attempts, output)
+    assert [lease.end_reason for lease in leases] == ["released"] and running == 0
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)  # the server is gone
