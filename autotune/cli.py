@@ -196,12 +196,13 @@ def bench_workers_cmd(
     workers: Annotated[
         str, typer.Option(help="Worker process counts, e.g. 1,2,4 (start with 1: the baseline)")
     ] = "1,2,4",
-    jobs_per_worker: Annotated[int, typer.Option(min=1, help="Jobs queued per worker in each run")] = 6,
+    jobs_per_worker: Annotated[int, typer.Option(min=1, help="Jobs queued per worker in each run")] = 4,
     budget: Annotated[int, typer.Option(min=1, help="Trials per job")] = 8,
     replay_sleep: Annotated[
         float, typer.Option(min=0.0, help="Fraction of each recorded compile + run time slept (stands for device time)")
-    ] = 0.3,
+    ] = 1.0,
     table: Annotated[Path | None, typer.Option(help="Recorded table the replay backend serves")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Times the worker counts take turns (median reported)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Jobs per minute on the replay backend as worker processes are added, and the scaling efficiency."""
@@ -215,6 +216,7 @@ def bench_workers_cmd(
         budget=budget,
         replay_sleep=replay_sleep,
         table=table or DEFAULT_TABLE,
+        rounds=rounds,
     )
     try:
         with console.status("benchmarking") as status:
@@ -230,13 +232,14 @@ def bench_workers_cmd(
     out.print(
         f"[bold]tiletune bench workers[/bold] on {o['database']} ({o['database_url']}), replay of {o['table']}, "
         f"{o['jobs_per_worker']} jobs per worker x {o['budget']} trials, {o['replayed_seconds_per_trial']} s "
-        f"slept per trial, {o['cpus']} CPUs"
+        f"slept per trial, {o['cpus']} CPUs, median of {o['rounds']} round(s)"
     )
-    t = Table("workers", "jobs", "failed", "trials", "seconds", "jobs/min", "scaling efficiency")
+    t = Table("workers", "jobs", "failed", "trials", "seconds", "jobs/min", "each round", "scaling efficiency")
     for r in report["runs"]:
         eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
+        each = ", ".join(f"{x:.1f}" for x in r["rounds_jobs_per_minute"])
         t.add_row(str(r["workers"]), str(r["jobs"]), str(r["failed"]), str(r["trials"]), f"{r['seconds']:.1f}",
-                  f"{r['jobs_per_minute']:.1f}", eff)  # fmt: skip
+                  f"{r['jobs_per_minute']:.1f}", each, eff)  # fmt: skip
     out.print(t)
     out.print("scaling efficiency: (jobs/min at N / N) / (jobs/min at 1 worker), measured in this run")
 
