@@ -30,6 +30,16 @@ bench_app.command("search")(tune_cli.bench_search)
 
 console = Console(stderr=True)
 
+# The benchmarks that own a database: they empty it.
+BenchDatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
+        "before each run. Default: a new temporary SQLite file, removed afterwards.",
+    ),
+]
+
 
 def _ints(text: str | None, option: str) -> tuple[int, ...]:
     if not text:
@@ -123,14 +133,7 @@ def bench_service_cmd(
     duration: Annotated[float, typer.Option(min=0.1, help="Measured seconds per phase.")] = 10.0,
     warmup: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds of load before each phase.")] = 1.0,
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes (the same for both servers).")] = 1,
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url",
-            help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
-            "before seeding. Default: a new temporary SQLite file, removed afterwards.",
-        ),
-    ] = None,
+    database_url: BenchDatabaseOpt = None,
     compare_empty: Annotated[
         bool, typer.Option(help="Also measure the same lookups on the empty database, before seeding.")
     ] = True,
@@ -185,14 +188,7 @@ def bench_service_cmd(
 
 @bench_app.command("workers")
 def bench_workers_cmd(
-    database_url: Annotated[
-        str | None,
-        typer.Option(
-            "--database-url",
-            help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
-            "before each run. Default: a new temporary SQLite file.",
-        ),
-    ] = None,
+    database_url: BenchDatabaseOpt = None,
     workers: Annotated[
         str, typer.Option(help="Worker process counts, e.g. 1,2,4 (start with 1: the baseline)")
     ] = "1,2,4",

@@ -91,26 +91,38 @@ def tune_workload(
                 result = run_search(space, supervisor, search, on_trial=record, on_invalid=record_invalid)
                 result.dense_ms = supervisor.dense_ms()
             tuned_id = None
-            if result.best is not None and result.best_median_ms is not None:
-                import numpy as np
-
-                runs = np.asarray(result.best_runs_ms)
+            if result.best is not None:
                 best_row = session.get(store.models.Trial, trial_rows[result.best.number])
-                tuned = store.publish_tuned_config(
-                    session,
-                    row,
-                    result.best.config.to_dict(),
-                    median_ms=result.best_median_ms,
-                    p10_ms=float(np.percentile(runs, 10)),
-                    p90_ms=float(np.percentile(runs, 90)),
-                    dense_ms=result.dense_ms,
-                    versions=versions,
-                    trial=best_row,
-                )
-                tuned_id = tuned.id
+                tuned_id = publish_winner(session, row, result, versions, best_row)
             return TuneOutcome(row.key, result, tuned_id, versions)
     finally:
         db.dispose()
+
+
+def publish_winner(
+    session: Any, row: Any, result: SearchResult, versions: dict[str, str | None], trial: Any
+) -> int | None:
+    """Store the re-timed winner of ``result`` as the workload's tuned config (its id), with
+    the spread of its re-timed runs; None when nothing was measured ok."""
+    from server import store
+
+    if result.best is None or result.best_median_ms is None:
+        return None
+    import numpy as np
+
+    runs = np.asarray(result.best_runs_ms)
+    tuned = store.publish_tuned_config(
+        session,
+        row,
+        result.best.config.to_dict(),
+        median_ms=result.best_median_ms,
+        p10_ms=float(np.percentile(runs, 10)),
+        p90_ms=float(np.percentile(runs, 90)),
+        dense_ms=result.dense_ms,
+        versions=versions,
+        trial=trial,
+    )
+    return tuned.id
 
 
 def local_workload(

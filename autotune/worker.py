@@ -335,31 +335,19 @@ class Worker:
             with self.db.sessions() as session:
                 jobs.finish_job(session, job_id, self.name, "failed", "no config measured ok")
             return JobOutcome(job_id, workload.key, "failed", mine, error="no config measured ok")
-        import numpy as np
+        from autotune.tune import publish_winner
 
-        runs = np.asarray(everyone.best_runs_ms)
-        dense = measurer.dense_ms()
+        everyone.dense_ms = measurer.dense_ms()
         with self.db.sessions() as session:
             row = store.find_workload(session, workload.key)
             assert row is not None
             best_row = session.get(models.Trial, everyone.best.number)  # _trial_result keeps the row id there
-            tuned = store.publish_tuned_config(
-                session,
-                row,
-                everyone.best.config.to_dict(),
-                median_ms=everyone.best_median_ms,
-                p10_ms=float(np.percentile(runs, 10)),
-                p90_ms=float(np.percentile(runs, 90)),
-                dense_ms=dense,
-                versions=self.versions(),
-                trial=best_row,
-            )
-            tuned_id = tuned.id
+            tuned_id = publish_winner(session, row, everyone, self.versions(), best_row)
             jobs.finish_job(session, job_id, self.name, "done")
         self.on_event(
             "tuned",
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
-             "median_ms": everyone.best_median_ms, "dense_ms": dense, "tuned_config_id": tuned_id},
+             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms, "tuned_config_id": tuned_id},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 
