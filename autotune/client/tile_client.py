@@ -83,7 +83,12 @@ class TileClient:
         self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_cooldown_s, clock)
         self.disk = DiskCache(self.settings.cache_dir) if self.settings.cache_dir is not None else None
         self.last_snapshot: int | None = self.settings.snapshot
-        self._memo: dict[tuple[int, tuple[int, ...], str, str], tuple[SparsityPattern, TileConfig | None]] = {}
+        # The hot table: per q/k/v shape, the last (pattern, backend, dtype) resolved for it with a final answer.
+        self._recent: dict[tuple[int, ...], tuple[SparsityPattern, str, str, TileConfig | None]] = {}
+        # Every call resolved: (pattern, config, retry_at or None when final), keyed by the pattern's identity.
+        self._memo: dict[
+            tuple[int, tuple[int, ...], str, str], tuple[SparsityPattern, TileConfig | None, float | None]
+        ] = {}
         self._answers: dict[str, _Resolved] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
@@ -104,12 +109,26 @@ class TileClient:
     ) -> TileConfig | None:
         """The config for one ``sparse_attention`` call (the kernel's ConfigResolver).
 
-        The hot path is one dict lookup on a tuple of the call's arguments; the rest
-        runs once per pattern object and shape.
+        The hot path is one dict lookup keyed by the shape tuple the kernel passes,
+        and identity checks; the workload key (a hash of the canonical JSON) is
+        computed once per pattern object and shape.
         """
-        entry = self._memo.get((id(pattern), qkv_shape, backend, dtype))
-        if entry is not None and entry[0] is pattern:
-            return entry[1]
+        entry = self._recent.get(qkv_shape)
+        if entry is not None and entry[0] is pattern and entry[1] == backend and entry[2] == dtype:
+            return entry[3]
+        return self._resolve_memo(pattern, qkv_shape, backend, dtype)
+
+    def _resolve_memo(
+        self, pattern: SparsityPattern, qkv_shape: tuple[int, ...], backend: str, dtype: str
+    ) -> TileConfig | None:
+        # The stored pattern keeps its id from being reused by another object while the entry lives.
+        memo = self._memo.get((id(pattern), qkv_shape, backend, dtype))
+        if memo is not None and memo[0] is pattern:
+            if memo[2] is None:
+                self._recent[qkv_shape] = (pattern, backend, dtype, memo[1])
+                return memo[1]
+            if self.clock() < memo[2]:  # a fallback, until it is retried
+                return memo[1]
         return self._resolve_slow(pattern, qkv_shape, backend, dtype)
 
     def _resolve_slow(
@@ -120,19 +139,27 @@ class TileClient:
             wl = self.workload(pattern, qkv_shape, backend, dtype)
         except ValueError as exc:  # not a workload the service knows (e.g. float16): the kernel's heuristic
             self._warn_once(f"workload:{backend}:{dtype}", "tiletune: no tuned configs for this call (%s)", exc)
-            self._remember(pattern, qkv_shape, backend, dtype, None)
+            self._remember(pattern, qkv_shape, backend, dtype, None, None)
             return None
         resolved = self._resolve_workload(wl)
-        if resolved.retry_at is None:
-            self._remember(pattern, qkv_shape, backend, dtype, resolved.answer.config)
+        self._remember(pattern, qkv_shape, backend, dtype, resolved.answer.config, resolved.retry_at)
         return resolved.answer.config
 
     def _remember(
-        self, pattern: SparsityPattern, qkv_shape: tuple[int, ...], backend: str, dtype: str, config: TileConfig | None
+        self,
+        pattern: SparsityPattern,
+        qkv_shape: tuple[int, ...],
+        backend: str,
+        dtype: str,
+        config: TileConfig | None,
+        retry_at: float | None,
     ) -> None:
         if len(self._memo) >= MEMO_LIMIT:
             self._memo.clear()
-        self._memo[(id(pattern), qkv_shape, backend, dtype)] = (pattern, config)
+            self._recent.clear()
+        self._memo[(id(pattern), qkv_shape, backend, dtype)] = (pattern, config, retry_at)
+        if retry_at is None:
+            self._recent[qkv_shape] = (pattern, backend, dtype, config)
 
     @staticmethod
     def workload(pattern: SparsityPattern, qkv_shape: tuple[int, ...], backend: str, dtype: str) -> Workload:
@@ -186,7 +213,7 @@ class TileClient:
                     return _Resolved(answer, None)
                 expired = dataclasses.replace(answer, origin="disk-expired")
         if self.settings.server_url is None:
-            return self._fallback(wl, key, expired, "no server configured (TILETUNE_SERVER_URL)")
+            return self._fallback(wl, key, expired, "no server configured (TILETUNE_SERVER_URL)", retry=False)
         try:
             answer = self._ask_server(wl, key)
         except ServerUnavailable as exc:
@@ -229,7 +256,9 @@ class TileClient:
         if self.disk.put(cache_key, answer, expires_at):
             self._count("disk_writes")
 
-    def _fallback(self, wl: Workload, key: str, expired: Answer | None, reason: str) -> _Resolved:
+    def _fallback(
+        self, wl: Workload, key: str, expired: Answer | None, reason: str, *, retry: bool = True
+    ) -> _Resolved:
         """The server could not answer: an expired disk entry, else the heuristic; retried after the cool-down."""
         policy = self.settings.miss_policy
         self._count("fallbacks")
@@ -243,6 +272,9 @@ class TileClient:
             raise ConfigMissError(
                 f"tiletune: cannot wait for a tuned config of workload {key}: {reason}; TILETUNE_WAIT_FALLBACK=error"
             )
+        if not retry:
+            self._warn_once("no-server", "tiletune: %s; using heuristic and cached configs", reason, level=logging.INFO)
+            return _Resolved(dataclasses.replace(answer, detail=reason), None)
         self._warn_once(
             f"fallback:{key}",
             "tiletune: using %s for workload %s: %s",
@@ -402,12 +434,12 @@ class TileClient:
         with self._lock:
             self._stats[name] = self._stats.get(name, 0) + n
 
-    def _warn_once(self, topic: str, message: str, *args: Any) -> None:
+    def _warn_once(self, topic: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
         with self._lock:
             if topic in self._warned:
                 return
             self._warned.add(topic)
-        log.warning(message, *args)
+        log.log(level, message, *args)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -419,6 +451,7 @@ class TileClient:
     def clear_memory(self) -> None:
         """Forget what this process resolved (the disk cache stays)."""
         with self._lock:
+            self._recent.clear()
             self._memo.clear()
             self._answers.clear()
 

@@ -301,6 +301,8 @@ def test_server_down_gives_the_heuristic(make_client: Any) -> None:
     answer = client.lookup(workload())
     assert answer.source == "fallback" and answer.origin == "local" and "ConnectError" in (answer.detail or "")
     assert client.stats["requests"] == 3  # first try + 2 retries
+    assert client.resolve(PATTERN, SHAPE, "xla", "float32") == HEURISTIC  # remembered until the cool-down
+    assert client.stats["requests"] == 3 and client.stats["slow_resolves"] == 1
     assert not list((client.settings.cache_dir).glob("*.json"))  # a fallback is never written to disk
 
 
@@ -549,9 +551,13 @@ def test_install_from_environment(served: Served, tmp_path: Path, monkeypatch: p
     assert attention._resolver is None and tt_client.installed() is None
 
 
-def test_unsupported_dtype_falls_back_to_the_kernel() -> None:
+def test_without_a_server_the_heuristic_is_final() -> None:
     client = TileClient(cache_dir=None)
-    assert client.resolve(PATTERN, SHAPE, "xla", "float16") is None  # the kernel applies its heuristic
+    for _ in range(3):
+        assert client.resolve(PATTERN, SHAPE, "xla", "float32") == HEURISTIC
+    assert client.resolve(PATTERN, SHAPE, "xla", "float16") is None  # not a service workload: the kernel's heuristic
+    assert client.resolve(PATTERN, SHAPE, "xla", "float16") is None
+    assert client.stats["slow_resolves"] == 2
 
 
 # ---------------------------------------------------------------- the circuit breaker
