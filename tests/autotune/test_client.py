@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import autotune.client as tt_client
+from autotune.bench_client import hanging_server
 from autotune.client import (
     CircuitBreaker,
     ClientConfigError,
@@ -179,33 +180,6 @@ def stub_server(status: int = 500, body: bytes = b'{"message": "boom"}') -> Iter
         yield stub
     finally:
         stub.close()
-
-
-@contextlib.contextmanager
-def hanging_server() -> Iterator[str]:
-    """Accepts connections and never answers."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        sock.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError, OSError):
-                held.append(sock.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        sock.close()
 
 
 # ---------------------------------------------------------------- imports and settings
