@@ -25,6 +25,7 @@ from server import models
 from server.models import TOKEN_ROLES, utcnow
 
 TOKEN_PREFIX = "tt_"
+PUBLISH_LOCK = 0x7474_0001  # PostgreSQL advisory lock key serializing publish_tuned_config ("tt" 1)
 
 
 # ---------------------------------------------------------------- workloads
@@ -106,7 +107,16 @@ def publish_tuned_config(
     dense_ms: float | None = None,
     trial: models.Trial | None = None,
 ) -> models.TunedConfig:
-    """Make ``config`` the workload's current best; the previous one is kept, superseded."""
+    """Make ``config`` the workload's current best; the previous one is kept, superseded.
+
+    Publishes are serialized so tuned-config ids are committed in increasing order:
+    a lookup snapshot S (see :func:`lookup`) must never gain a row with id <= S
+    later. PostgreSQL takes ids from a sequence at insert time, so two overlapping
+    publishes could commit out of order; a transaction-level advisory lock prevents
+    that. SQLite has one writer at a time anyway.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(PUBLISH_LOCK)))
     now = utcnow()
     session.execute(
         update(models.TunedConfig)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from kernel.workload import Workload
@@ -292,3 +293,30 @@ def test_database_down_is_503_not_500() -> None:
         assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
         down = client.post("/v1/lookup", json={"workload": workload_body()})
         assert down.status_code == 503 and "database" in down.json()["message"]
+
+
+def test_publishes_are_serialized_on_postgresql(db: Database) -> None:
+    """Tuned-config ids commit in increasing order, so no row ever appears below a snapshot already handed out."""
+    import threading
+
+    from sqlalchemy import func, select
+
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite has one writer at a time")
+    with db.sessions() as session:
+        row = store.workload_row(session, as_workload(workload_body()))
+    done = threading.Event()
+    with db.sessions() as holder:
+        holder.execute(select(func.pg_advisory_xact_lock(store.PUBLISH_LOCK)))  # a publish in progress
+
+        def publish() -> None:
+            with db.sessions() as session:
+                store.publish_tuned_config(session, row, CONFIG, median_ms=1.0, versions=VERSIONS)
+            done.set()
+
+        thread = threading.Thread(target=publish)
+        thread.start()
+        assert not done.wait(0.5)  # waits for the publish in progress to commit
+        holder.commit()
+    thread.join(30)
+    assert done.is_set()
