@@ -113,9 +113,12 @@ class TileClient:
         and identity checks; the workload key (a hash of the canonical JSON) is
         computed once per pattern object and shape.
         """
-        entry = self._recent.get(qkv_shape)
-        if entry is not None and entry[0] is pattern and entry[1] == backend and entry[2] == dtype:
-            return entry[3]
+        try:  # a subscript and an unpack: cheaper than .get() and indexing
+            known, known_backend, known_dtype, config = self._recent[qkv_shape]
+        except KeyError:
+            return self._resolve_memo(pattern, qkv_shape, backend, dtype)
+        if known is pattern and known_backend == backend and known_dtype == dtype:
+            return config
         return self._resolve_memo(pattern, qkv_shape, backend, dtype)
 
     def _resolve_memo(
