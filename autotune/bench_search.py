@@ -21,7 +21,7 @@ from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.supervisor import Supervisor
-from autotune.tune import software_versions
+from autotune.versions import software_versions
 from kernel.workload import Workload
 
 WITHIN = 0.02

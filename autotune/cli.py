@@ -240,6 +240,49 @@ def bench_workers_cmd(
     out.print("scaling efficiency: (jobs/min at N / N) / (jobs/min at 1 worker), measured in this run")
 
 
+@bench_app.command("client")
+def bench_client_cmd(
+    preset: Annotated[str, typer.Option(help="Workload preset whose config is resolved.")] = "cpu-demo",
+    rounds: Annotated[int, typer.Option(min=1, help="Alternating timed rounds of dict and memory lookups.")] = 7,
+    number: Annotated[int, typer.Option(min=1, help="Calls per timed round of dict and memory lookups.")] = 200_000,
+    disk_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the disk cache.")] = 500,
+    server_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the local server.")] = 30,
+    timeout: Annotated[float, typer.Option(min=0.001, help="Client timeout (s) against the hanging server.")] = 0.5,
+    hang_calls: Annotated[int, typer.Option(min=1, help="Resolutions against the hanging and refusing servers.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """The client's cost per lookup (memory, disk, local server) beside a dict lookup, and its timeout on a
+    hanging server.
+
+    Starts uvicorn on 127.0.0.1 with a temporary SQLite database holding one tuned
+    config. The report's checks (memory within 10x a dict lookup net of the timing
+    loop; the heuristic within 250 ms after the timeout) are printed, not enforced:
+    the figures depend on the machine's load.
+    """
+    from autotune.bench_client import ClientBenchOptions, print_client_report, run_client_bench
+    from server.bench_service import ServiceBenchError
+
+    opts = ClientBenchOptions(
+        preset=preset,
+        rounds=rounds,
+        number=number,
+        disk_calls=disk_calls,
+        server_calls=server_calls,
+        timeout_s=timeout,
+        hang_calls=hang_calls,
+    )
+    try:
+        with console.status("benchmarking") as status:
+            report = run_client_bench(opts, progress=lambda msg: status.update(msg))
+    except (ValueError, ServiceBenchError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_client_report(report, _stdout_console())
+
+
 def _print_service_report(report: dict) -> None:
     out = _stdout_console()
     o, s = report["options"], report["seed"]

@@ -11,25 +11,9 @@ from autotune.measure import MeasureOptions
 from autotune.search import SearchOptions, SearchResult, TrialResult, run_search
 from autotune.space import SearchSpace
 from autotune.supervisor import Supervisor
+from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import Workload
-
-
-def software_versions() -> dict[str, str | None]:
-    """jax, jaxlib and libtpu versions recorded with every result."""
-    from importlib import metadata
-
-    import jax
-    import jaxlib
-
-    libtpu = None
-    for dist in ("libtpu", "libtpu-nightly"):
-        try:
-            libtpu = metadata.version(dist)
-            break
-        except metadata.PackageNotFoundError:
-            continue
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "libtpu": libtpu}
 
 
 @dataclasses.dataclass

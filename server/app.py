@@ -163,6 +163,10 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         # The database, not the request, is at fault: say so and let clients retry.
         return JSONResponse({"detail": "database unavailable", "message": "database: unavailable, retry later"}, 503)
 
+    @app.exception_handler(store.SnapshotAheadError)
+    async def _snapshot_ahead(_request: Request, exc: store.SnapshotAheadError) -> JSONResponse:
+        return JSONResponse({"detail": {"snapshot": exc.snapshot, "latest": exc.latest}, "message": str(exc)}, 422)
+
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness: the process answers (no dependencies)."""
@@ -194,7 +198,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         """The tuned config of a workload: tuned -> stale -> nearest -> heuristic.
 
         With ``enqueue=true`` a miss (anything but ``tuned``) queues one tuning job;
-        that is a write and needs a writer token.
+        that is a write and needs a writer token. ``snapshot`` in the answer is the
+        highest tuned-config id when it was read; send it back as ``snapshot`` to get
+        the answer as of then (every host of a multi-host run pins the same one).
         """
         wl = body.workload.to_workload()
         versions = body.versions.model_dump()
@@ -202,13 +208,17 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
             # The common anonymous read: a plain connection, no ORM session.
             with db.reader() as conn:
-                result = store.lookup(conn, wl, versions, candidates=settings.nearest_candidates)
+                result = store.lookup(
+                    conn, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
+                )
         else:
             with db.sessions() as session:
                 token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
                 if body.enqueue and token is not None and token.role not in WRITE_ROLES:
                     raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
-                result = store.lookup(session, wl, versions, candidates=settings.nearest_candidates)
+                result = store.lookup(
+                    session, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
+                )
                 if body.enqueue and result.source != "tuned":
                     row = store.workload_row(session, wl)
                     job, _ = jobs.enqueue_job(
@@ -229,6 +239,7 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
                 "distance": result.distance,
                 "neighbour_key": result.neighbour_key,
                 "job_id": job_id,
+                "snapshot": result.snapshot,
             }
         )
 

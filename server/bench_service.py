@@ -642,7 +642,8 @@ def _server_env(database_url: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _serving(target: str, *, workers: int, database_url: str, name: str) -> Iterator[UvicornServer]:
+def serving(target: str, *, workers: int, database_url: str, name: str) -> Iterator[UvicornServer]:
+    """A uvicorn server of ``target`` on a free loopback port, ready when entered, stopped on exit."""
     server = UvicornServer(target, workers=workers, env=_server_env(database_url), name=name)
     try:
         if target == BARE_TARGET:
@@ -949,15 +950,15 @@ def run_service_bench(opts: ServiceBenchOptions, progress: Callable[[str], None]
         phases: dict[str, dict[str, Any]] = {}
         if opts.compare_empty:
             say("phase lookup_empty: lookups on the empty database")
-            with _serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app:
+            with serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app:
                 empty = LoadTarget("lookup_empty", app.base_url, lookups, _source_label, app)
                 phases.update(drive_load([empty], **opts.load()))
         say(f"seeding {opts.workloads:,} workloads and {opts.trials:,} trials")
         seeded = seed_database(url, plan, opts.trials, seed=opts.seed, progress=say)
         say("phases bare, lookup, history (in turn)")
         with (
-            _serving(BARE_TARGET, workers=opts.workers, database_url=url, name="bare") as bare,
-            _serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app,
+            serving(BARE_TARGET, workers=opts.workers, database_url=url, name="bare") as bare,
+            serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app,
         ):
             targets = [
                 LoadTarget(

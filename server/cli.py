@@ -194,6 +194,9 @@ def lookup(
     backend: Annotated[str, typer.Option(help="tpu | xla | interpret")] = "xla",
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (default: the preset's)")] = None,
     enqueue: Annotated[bool, typer.Option(help="Queue a tuning job on a miss (needs a writer token)")] = False,
+    snapshot: Annotated[
+        int | None, typer.Option(min=0, help="Answer as of this snapshot (the 'snapshot' of an earlier answer)")
+    ] = None,
     server: ServerOpt = None,
     database_url: DatabaseOpt = None,
     token: TokenOpt = None,
@@ -227,7 +230,7 @@ def lookup(
             server,
             database_url,
             token,
-            {"workload": spec, "versions": versions, "enqueue": enqueue},
+            {"workload": spec, "versions": versions, "enqueue": enqueue, "snapshot": snapshot},
         )
     )
     if as_json:
@@ -245,6 +248,7 @@ def lookup(
         out.print(f"nearest tuned workload {data['neighbour_key']} at distance {data['distance']}")
     if data.get("job_id"):
         out.print(f"tuning job {data['job_id']} queued")
+    out.print(f"snapshot {data['snapshot']} (pin a run to these answers with TILETUNE_SNAPSHOT={data['snapshot']})")
 
 
 def configs(

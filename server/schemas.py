@@ -19,6 +19,7 @@ from kernel.presets import PRESETS, get_preset
 from kernel.workload import KERNEL_VERSION, MAX_BATCH, MAX_HEAD_DIM, Workload
 
 MAX_HEADS = 1024
+MAX_SNAPSHOT = 2**31 - 1  # tuned-config ids: INTEGER (int4 on PostgreSQL)
 Strict = ConfigDict(extra="forbid", strict=True)  # strict: no true/"4"/4.0 for an int
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
 
@@ -112,6 +113,13 @@ class LookupRequest(BaseModel):
     workload: WorkloadSpec
     versions: Versions = Field(default_factory=lambda: Versions(), description="The caller's software versions")
     enqueue: bool = Field(False, description="On a miss, queue one tuning job (needs a writer token)")
+    snapshot: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SNAPSHOT,
+        description="Answer as of this snapshot (the 'snapshot' of an earlier answer): only tuned configs "
+        "that existed then count, so every host pinned to it gets the same config",
+    )
 
 
 class TileConfigOut(BaseModel):
@@ -142,6 +150,10 @@ class LookupResponse(BaseModel):
     distance: float | None = Field(None, description="For 'nearest': dissimilarity to the neighbour")
     neighbour_key: str | None = None
     job_id: int | None = Field(None, description="The job queued (or already queued) for this workload")
+    snapshot: int = Field(
+        description="The highest tuned-config id when this answer was read (the pinned one, if pinned); "
+        "0 on an empty database. Pin a run to it with the request's 'snapshot'"
+    )
 
 
 class TunedConfigOut(BaseModel):

@@ -15,9 +15,9 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, bindparam, select, union_all, update
+from sqlalchemy import Connection, Select, bindparam, exists, func, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from kernel.heuristic import heuristic_config
 from kernel.workload import FEATURES, Workload, feature_distance
@@ -25,6 +25,7 @@ from server import models
 from server.models import TOKEN_ROLES, utcnow
 
 TOKEN_PREFIX = "tt_"
+PUBLISH_LOCK = 0x7474_0001  # PostgreSQL advisory lock key serializing publish_tuned_config ("tt" 1)
 
 
 # ---------------------------------------------------------------- workloads
@@ -106,7 +107,16 @@ def publish_tuned_config(
     dense_ms: float | None = None,
     trial: models.Trial | None = None,
 ) -> models.TunedConfig:
-    """Make ``config`` the workload's current best; the previous one is kept, superseded."""
+    """Make ``config`` the workload's current best; the previous one is kept, superseded.
+
+    Publishes are serialized so tuned-config ids are committed in increasing order:
+    a lookup snapshot S (see :func:`lookup`) must never gain a row with id <= S
+    later. PostgreSQL takes ids from a sequence at insert time, so two overlapping
+    publishes could commit out of order; a transaction-level advisory lock prevents
+    that. SQLite has one writer at a time anyway.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(PUBLISH_LOCK)))
     now = utcnow()
     session.execute(
         update(models.TunedConfig)
@@ -164,6 +174,16 @@ class LookupResult:
     tuned: dict[str, Any] | None = None  # the TUNED_COLUMNS of the config served
     distance: float | None = None
     neighbour_key: str | None = None
+    snapshot: int = 0  # see lookup(): the tuned-config id this answer is current at
+
+
+class SnapshotAheadError(ValueError):
+    """A lookup pinned to a snapshot this database has not reached (another database's, or a typo)."""
+
+    def __init__(self, snapshot: int, latest: int) -> None:
+        super().__init__(f"snapshot: {snapshot} is newer than this server's latest snapshot {latest}")
+        self.snapshot = snapshot
+        self.latest = latest
 
 
 def versions_match(tuned: dict[str, Any], versions: dict[str, str | None]) -> bool:
@@ -177,74 +197,141 @@ def versions_match(tuned: dict[str, Any], versions: dict[str, str | None]) -> bo
 # Statements of the hot read path, built once: constructing a select per request
 # (coercions, cache keys) cost more than running it.
 _W = models.Workload
+_T = models.TunedConfig
+_Latest = aliased(models.TunedConfig)  # an alias, so the subquery is never correlated with _T
+_Newer = aliased(models.TunedConfig)
+# The snapshot: the highest tuned-config id. Ids only grow and no row is deleted, so
+# the rows with id <= S are exactly the rows that existed at S.
+_SNAPSHOT_COLUMN = select(func.coalesce(func.max(_Latest.id), 0)).scalar_subquery().label("snapshot")
+_LATEST_SNAPSHOT = select(func.coalesce(func.max(_Latest.id), 0))
 _CURRENT_BY_KEY = (
+    select(*TUNED_COLUMNS, _SNAPSHOT_COLUMN)
+    .join(_W, _W.id == _T.workload_id)
+    .where(_W.key == bindparam("key"), _T.is_current == True)  # noqa: E712
+)
+_TUNED_BY_ID = select(*TUNED_COLUMNS).where(_T.id == bindparam("tuned_id"))
+# Pinned to snapshot S: a workload's config current at S is its newest row with id <= S
+# (a publish supersedes the previous row in the same transaction that inserts the new one).
+_CURRENT_AT_SNAPSHOT = (_T.id <= bindparam("snapshot")) & ~exists().where(
+    _Newer.workload_id == _T.workload_id, _Newer.id > _T.id, _Newer.id <= bindparam("snapshot")
+)
+_CURRENT_BY_KEY_AT = (
     select(*TUNED_COLUMNS)
-    .join(_W, _W.id == models.TunedConfig.workload_id)
-    .where(_W.key == bindparam("key"), models.TunedConfig.is_current == True)  # noqa: E712
+    .join(_W, _W.id == _T.workload_id)
+    .where(_W.key == bindparam("key"), _T.id <= bindparam("snapshot"))
+    .order_by(_T.id.desc())
+    .limit(1)
 )
-_TUNED_BY_ID = select(*TUNED_COLUMNS).where(models.TunedConfig.id == bindparam("tuned_id"))
-_NEIGHBOURS = (
-    select(
-        _W.key,
-        _W.frames,
-        _W.tokens_per_frame,
-        _W.text_tokens,
-        _W.heads,
-        _W.head_dim,
-        _W.batch,
-        _W.mean_window,
-        models.TunedConfig.id,
+
+
+def _neighbours_both(current: Any, *extra: Any) -> Any:
+    """Tuned workloads that may be neighbours (``current`` selects each one's config), nearest by
+    sequence length on both sides, in one round trip."""
+    neighbours = (
+        select(
+            _W.key,
+            _W.frames,
+            _W.tokens_per_frame,
+            _W.text_tokens,
+            _W.heads,
+            _W.head_dim,
+            _W.batch,
+            _W.mean_window,
+            _T.id,
+            *extra,
+        )
+        .join(_T, _T.workload_id == _W.id)
+        .where(
+            _W.device_kind == bindparam("device_kind"),
+            _W.backend == bindparam("backend"),
+            _W.family == bindparam("family"),
+            _W.key != bindparam("key"),
+            _W.frames.is_not(None),
+            current,
+        )
     )
-    .join(models.TunedConfig, models.TunedConfig.workload_id == _W.id)
-    .where(
-        _W.device_kind == bindparam("device_kind"),
-        _W.backend == bindparam("backend"),
-        _W.family == bindparam("family"),
-        _W.key != bindparam("key"),
-        _W.frames.is_not(None),
-        models.TunedConfig.is_current == True,  # noqa: E712  (matches the partial index predicate)
+    return union_all(
+        neighbours.where(_W.seq_len >= bindparam("seq")).order_by(_W.seq_len).limit(bindparam("n")).subquery().select(),
+        neighbours.where(_W.seq_len < bindparam("seq"))
+        .order_by(_W.seq_len.desc())
+        .limit(bindparam("n"))
+        .subquery()
+        .select(),
     )
-)
-# Both sides of the sequence length in one round trip.
-_NEIGHBOURS_BOTH = union_all(
-    _NEIGHBOURS.where(_W.seq_len >= bindparam("seq")).order_by(_W.seq_len).limit(bindparam("n")).subquery().select(),
-    _NEIGHBOURS.where(_W.seq_len < bindparam("seq"))
-    .order_by(_W.seq_len.desc())
-    .limit(bindparam("n"))
-    .subquery()
-    .select(),
-)
+
+
+# is_current == True matches the partial index predicate.
+_NEIGHBOURS_BOTH = _neighbours_both(_T.is_current == True, _SNAPSHOT_COLUMN)  # noqa: E712
+_NEIGHBOURS_BOTH_AT = _neighbours_both(_CURRENT_AT_SNAPSHOT)
 
 
 def lookup(
-    db: Session | Connection, wl: Workload, versions: dict[str, str | None], *, candidates: int = 64
+    db: Session | Connection,
+    wl: Workload,
+    versions: dict[str, str | None],
+    *,
+    candidates: int = 64,
+    snapshot: int | None = None,
 ) -> LookupResult:
     """tuned (same versions) -> stale (other versions) -> nearest (same device kind,
     backend and family) -> the kernel's heuristic. Reads only: a miss writes nothing.
 
     ``db`` is a Session or a plain Connection (the API uses the lighter Connection).
+
+    Snapshots: ``result.snapshot`` is the highest tuned-config id when the answer was
+    read (0 on an empty database), read in the same statement as a hit. With
+    ``snapshot=S`` the answer is the one the database gave at S: only tuned configs
+    with id <= S count, and per workload the newest of those (the one current at S).
+    A snapshot above the latest raises :class:`SnapshotAheadError`.
     """
+    if snapshot is not None:
+        return _lookup_at(db, wl, versions, candidates, snapshot)
     row = db.execute(_CURRENT_BY_KEY, {"key": wl.key}).first()
     if row is not None:
         tuned = row._asdict()
+        latest = tuned.pop("snapshot")
         source = "tuned" if versions_match(tuned, versions) else "stale"
-        return LookupResult(wl.key, source, tuned["config"], tuned)
+        return LookupResult(wl.key, source, tuned["config"], tuned, snapshot=latest)
     near = nearest(db, wl, candidates)
     if near is not None:
-        tuned, neighbour_key, distance = near
-        return LookupResult(wl.key, "nearest", tuned["config"], tuned, distance, neighbour_key)
+        tuned, neighbour_key, distance, latest = near
+        return LookupResult(wl.key, "nearest", tuned["config"], tuned, distance, neighbour_key, latest)
+    # Read after the misses, so the snapshot is at least as new as what they saw.
+    latest = db.execute(_LATEST_SNAPSHOT).scalar_one()
     config = heuristic_config(wl.pattern, wl.backend, wl.dtype).to_dict()
-    return LookupResult(wl.key, "heuristic", config)
+    return LookupResult(wl.key, "heuristic", config, snapshot=latest)
 
 
-def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[dict[str, Any], str, float] | None:
-    """Closest tuned workload of the same device kind, backend and family.
+def _lookup_at(
+    db: Session | Connection, wl: Workload, versions: dict[str, str | None], candidates: int, snapshot: int
+) -> LookupResult:
+    latest = db.execute(_LATEST_SNAPSHOT).scalar_one()
+    if snapshot > latest:
+        raise SnapshotAheadError(snapshot, latest)
+    row = db.execute(_CURRENT_BY_KEY_AT, {"key": wl.key, "snapshot": snapshot}).first()
+    if row is not None:
+        tuned = row._asdict()
+        source = "tuned" if versions_match(tuned, versions) else "stale"
+        return LookupResult(wl.key, source, tuned["config"], tuned, snapshot=snapshot)
+    near = nearest(db, wl, candidates, snapshot=snapshot)
+    if near is not None:
+        tuned, neighbour_key, distance, _ = near
+        return LookupResult(wl.key, "nearest", tuned["config"], tuned, distance, neighbour_key, snapshot)
+    config = heuristic_config(wl.pattern, wl.backend, wl.dtype).to_dict()
+    return LookupResult(wl.key, "heuristic", config, snapshot=snapshot)
+
+
+def nearest(
+    db: Session | Connection, wl: Workload, candidates: int, *, snapshot: int | None = None
+) -> tuple[dict[str, Any], str, float, int] | None:
+    """Closest tuned workload of the same device kind, backend and family:
+    (its tuned columns, its key, the distance, the snapshot read).
 
     Candidates are the ``candidates`` nearest by sequence length on each side (an
     index range scan), compared on their feature columns; only the winner's config
-    is loaded.
+    is loaded. With ``snapshot`` the candidates are the configs current at it.
     """
-    params = {
+    params: dict[str, Any] = {
         "device_kind": wl.device_kind,
         "backend": wl.backend,
         "family": wl.family,
@@ -252,7 +339,10 @@ def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[di
         "seq": wl.pattern.seq_len,
         "n": candidates,
     }
-    rows = db.execute(_NEIGHBOURS_BOTH, params).all()
+    if snapshot is None:
+        rows = db.execute(_NEIGHBOURS_BOTH, params).all()
+    else:
+        rows = db.execute(_NEIGHBOURS_BOTH_AT, {**params, "snapshot": snapshot}).all()
     if not rows:
         return None
     mine = wl.features()
@@ -268,7 +358,8 @@ def nearest(db: Session | Connection, wl: Workload, candidates: int) -> tuple[di
         scored.append((feature_distance(mine, features), r.key, r.id))
     distance, key, tuned_id = min(scored)
     tuned = db.execute(_TUNED_BY_ID, {"tuned_id": tuned_id}).one()._asdict()
-    return tuned, key, distance
+    latest = rows[0].snapshot if snapshot is None else snapshot
+    return tuned, key, distance, latest
 
 
 # ---------------------------------------------------------------- listings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from kernel.workload import Workload
@@ -61,8 +62,8 @@ def seed_tuned(
         return row.key, tuned.id
 
 
-def lookup(client: TestClient, body: dict[str, Any], **extra: Any) -> Any:
-    return client.post("/v1/lookup", json={"workload": body, "versions": VERSIONS, **extra})
+def lookup(client: TestClient, body: dict[str, Any], headers: dict[str, str] | None = None, **extra: Any) -> Any:
+    return client.post("/v1/lookup", json={"workload": body, "versions": VERSIONS, **extra}, headers=headers)
 
 
 def test_health_ready_metrics(client: TestClient) -> None:
@@ -110,6 +111,57 @@ def test_nearest_picks_the_closest(client: TestClient, db: Database) -> None:
     close_key, _ = seed_tuned(db, workload_body(pattern={**base["pattern"], "layout": {**layout, "frames": 5}}))
     result = lookup(client, base).json()
     assert result["source"] == "nearest" and result["neighbour_key"] == close_key != far_key
+
+
+def test_lookup_pinned_to_a_snapshot(client: TestClient, db: Database, writer_token: str) -> None:
+    """An answer's snapshot, sent back, gives the answer as of then, while unpinned lookups see new configs."""
+    body = workload_body()
+    layout = body["pattern"]["layout"]
+    bigger = workload_body(pattern={**body["pattern"], "layout": {**layout, "frames": 6}})
+    empty = lookup(client, body).json()
+    assert empty["source"] == "heuristic" and empty["snapshot"] == 0
+
+    key, old_id = seed_tuned(db, body)
+    hit = lookup(client, body).json()
+    assert hit["source"] == "tuned" and hit["config_id"] == old_id and hit["snapshot"] == old_id
+    pinned_at = hit["snapshot"]
+    assert lookup(client, bigger).json()["snapshot"] == pinned_at  # nearest carries it too
+
+    newer = {**CONFIG, "block_q": 256}
+    with db.sessions() as session:
+        row = store.workload_row(session, as_workload(body))
+        new_id = store.publish_tuned_config(session, row, newer, median_ms=1.0, versions=VERSIONS).id
+        later_key = store.workload_row(session, as_workload(workload_body(batch=2))).key
+        later_row = store.find_workload(session, later_key)
+        assert later_row is not None
+        later_id = store.publish_tuned_config(session, later_row, newer, median_ms=1.0, versions=VERSIONS).id
+    assert pinned_at < new_id < later_id
+
+    unpinned = lookup(client, body).json()
+    assert unpinned["config"] == newer and unpinned["config_id"] == new_id and unpinned["snapshot"] == later_id
+    pinned = lookup(client, body, snapshot=pinned_at).json()
+    assert pinned["source"] == "tuned" and pinned["config"] == CONFIG and pinned["config_id"] == old_id
+    assert pinned["snapshot"] == pinned_at
+    assert lookup(client, body, snapshot=new_id).json()["config_id"] == new_id
+    # The neighbour as it was at the snapshot, and a workload first tuned after it is not tuned yet.
+    near = lookup(client, bigger, snapshot=pinned_at).json()
+    assert near["source"] == "nearest" and near["config_id"] == old_id and near["neighbour_key"] == key
+    assert lookup(client, bigger).json()["config_id"] == new_id
+    assert lookup(client, workload_body(batch=2)).json()["config_id"] == later_id
+    before = lookup(client, workload_body(batch=2), snapshot=pinned_at).json()
+    assert before["source"] == "nearest" and before["config_id"] == old_id
+    assert lookup(client, body, snapshot=0).json()["source"] == "heuristic"
+    stale = client.post("/v1/lookup", json={"workload": body, "versions": {"jax": "0.11.0"}, "snapshot": pinned_at})
+    assert stale.json()["source"] == "stale" and stale.json()["config_id"] == old_id
+
+    # A pinned miss still queues tuning for later runs; on the session path too.
+    auth = {"authorization": f"Bearer {writer_token}"}
+    queued = lookup(client, bigger, snapshot=pinned_at, enqueue=True, headers=auth)
+    assert queued.status_code == 200 and queued.json()["job_id"] is not None
+    assert queued.json()["config_id"] == old_id and queued.json()["snapshot"] == pinned_at
+
+    ahead = lookup(client, body, snapshot=later_id + 1)
+    assert ahead.status_code == 422 and ahead.json()["message"].startswith("snapshot:")
 
 
 def test_lookup_by_preset_and_enqueue_once(client: TestClient, db: Database, writer_token: str) -> None:
@@ -241,3 +293,30 @@ def test_database_down_is_503_not_500() -> None:
         assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
         down = client.post("/v1/lookup", json={"workload": workload_body()})
         assert down.status_code == 503 and "database" in down.json()["message"]
+
+
+def test_publishes_are_serialized_on_postgresql(db: Database) -> None:
+    """Tuned-config ids commit in increasing order, so no row ever appears below a snapshot already handed out."""
+    import threading
+
+    from sqlalchemy import func, select
+
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite has one writer at a time")
+    with db.sessions() as session:
+        row = store.workload_row(session, as_workload(workload_body()))
+    done = threading.Event()
+    with db.sessions() as holder:
+        holder.execute(select(func.pg_advisory_xact_lock(store.PUBLISH_LOCK)))  # a publish in progress
+
+        def publish() -> None:
+            with db.sessions() as session:
+                store.publish_tuned_config(session, row, CONFIG, median_ms=1.0, versions=VERSIONS)
+            done.set()
+
+        thread = threading.Thread(target=publish)
+        thread.start()
+        assert not done.wait(0.5)  # waits for the publish in progress to commit
+        holder.commit()
+    thread.join(30)
+    assert done.is_set()

@@ -217,6 +217,37 @@ ROWS: list[Bad] = [
     Bad("lookup-workload-list", "POST", "/v1/lookup", 422, "workload", json={"workload": [VALID]}),
     Bad("lookup-versions-list", "POST", "/v1/lookup", 422, "versions", json={"workload": VALID, "versions": ["0.4"]}),
     Bad("lookup-enqueue-string", "POST", "/v1/lookup", 422, "enqueue", json={"workload": VALID, "enqueue": "maybe"}),
+    # ------------------------------------------------------------ snapshot pinning
+    Bad("lookup-snapshot-string", "POST", "/v1/lookup", 422, "snapshot", json={"workload": VALID, "snapshot": "7"}),
+    Bad("lookup-snapshot-float", "POST", "/v1/lookup", 422, "snapshot", json={"workload": VALID, "snapshot": 1.5}),
+    Bad("lookup-snapshot-bool", "POST", "/v1/lookup", 422, "snapshot", json={"workload": VALID, "snapshot": True}),
+    Bad("lookup-snapshot-negative", "POST", "/v1/lookup", 422, "snapshot", json={"workload": VALID, "snapshot": -1}),
+    Bad("lookup-snapshot-list", "POST", "/v1/lookup", 422, "snapshot", json={"workload": VALID, "snapshot": [3]}),
+    Bad(
+        "lookup-snapshot-too-large",
+        "POST",
+        "/v1/lookup",
+        422,
+        "snapshot",
+        json={"workload": VALID, "snapshot": 2**31},
+    ),
+    Bad(
+        "lookup-snapshot-ahead-of-database",  # the table is empty: its latest snapshot is 0
+        "POST",
+        "/v1/lookup",
+        422,
+        "snapshot",
+        json={"workload": VALID, "snapshot": 5},
+    ),
+    Bad(
+        "lookup-snapshot-ahead-with-enqueue",
+        "POST",
+        "/v1/lookup",
+        422,
+        "snapshot",
+        json={"workload": VALID, "snapshot": 5, "enqueue": True},
+        headers=WRITER,
+    ),
     # ------------------------------------------------------------ malformed bodies
     Bad(
         "lookup-body-malformed-json",
