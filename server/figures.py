@@ -300,7 +300,11 @@ def heatmap_figure(record: TuningRecord) -> RenderedFigure:
         title + "\nred box: winner   (n): pruned, partial median   x: measured, none ok   grey: not measured",
         fontsize=10,
     )
-    sized = [t for t in record.trials if isinstance(t.params.get("block_q"), int) and t.params.get("block_kv")]
+    sized = [
+        t
+        for t in record.trials
+        if isinstance(t.params.get("block_q"), int) and isinstance(t.params.get("block_kv"), int)
+    ]
     if not sized:
         _message(fig.add_subplot(), "no trials with tile sizes recorded")
         return RenderedFigure("heatmap", _png(fig), width, height, title)
@@ -521,7 +525,7 @@ def speedup_figure(record: TuningRecord) -> RenderedFigure:
     fig = _new_figure(width, height)
     ax = fig.add_subplot()
     tuned = record.tuned
-    if tuned is None or not tuned.dense_ms:
+    if tuned is None or not tuned.dense_ms or tuned.median_ms <= 0:
         title = "speedup over dense"
         _message(ax, "no tuned config yet" if tuned is None else "no dense timing recorded for this workload")
         fig.suptitle(title)
@@ -545,7 +549,7 @@ def speedup_figure(record: TuningRecord) -> RenderedFigure:
         )
     )
     order = {t.id: i for i, t in enumerate(record.trials)}  # the history's x axis
-    others = sorted(record.ok_trials(), key=lambda t: t.median_ms or math.inf)
+    others = sorted((t for t in record.ok_trials() if (t.median_ms or 0) > 0), key=lambda t: t.median_ms or math.inf)
     for t in [t for t in others if t.params != tuned.config][:SPEEDUP_OTHERS]:
         assert t.median_ms is not None
         bars.append(

@@ -98,12 +98,15 @@ def _wants_html(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "")
 
 
-def _error_response(request: Request, exc: UIError) -> Response:
+def _error_response(request: Request, exc: UIError, next_url: str | None = None) -> Response:
+    """``next_url``: where the sign-in form returns to (default: the page that was asked for)."""
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
     if _wants_html(request):
         from server import pages
 
-        next_url = request.url.path + (f"?{_without_token(request)}" if _without_token(request) else "")
+        if next_url is None:
+            query = _without_token(request)
+            next_url = request.url.path + (f"?{query}" if query else "")
         html = pages.render(
             "error.html",
             root=request.scope.get("root_path", ""),
@@ -301,19 +304,23 @@ def workload_figure(request: Request, key: str, filename: str) -> Response:
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
     """Form sign-in: ``token`` and the ``next`` /ui URL (the body is small: the app bounds its size)."""
-    form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
-    token = (form.get("token") or [""])[0].strip()
-    next_url = (form.get("next") or ["/ui"])[0]
-    if not next_url.startswith("/ui") or "//" in next_url or "\\" in next_url:
-        next_url = "/ui"  # only back into the dashboard: no open redirect
+    next_url = "/ui"
     try:
+        try:
+            form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+        except ValueError:
+            raise UIError(422, "body: expected a form with the fields 'token' and 'next'", login=True) from None
+        token = (form.get("token") or [""])[0].strip()
+        next_url = (form.get("next") or ["/ui"])[0]
+        if not next_url.startswith("/ui") or "//" in next_url or "\\" in next_url:
+            next_url = "/ui"  # only back into the dashboard: no open redirect
         if not token:
             raise UIError(422, "token: required", login=True)
         with request.app.state.db.sessions() as session:
             if len(token) > 512 or store.verify_token(session, token) is None:
                 raise UIError(401, "token: unknown or revoked token", login=True)
     except UIError as exc:
-        return _error_response(request, exc)
+        return _error_response(request, exc, next_url)
     response = RedirectResponse(next_url, 303)
     _set_token_cookie(request, response, token)
     return response

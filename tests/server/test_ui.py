@@ -171,8 +171,11 @@ def test_sign_in_form(locked: TestClient, db: Database, seeded: Seeded) -> None:
     with db.sessions() as session:
         token = store.create_token(session, "reader", "worker")
     form = {"Content-Type": "application/x-www-form-urlencoded"}
-    wrong = locked.post("/ui/login", content="token=tt_nope&next=/ui", headers={**form, **HTML})
+    wrong = locked.post("/ui/login", content=f"token=tt_nope&next=/ui/workloads/{seeded.key}", headers={**form, **HTML})
     assert wrong.status_code == 401 and "token: unknown or revoked token" in wrong.text
+    assert f'name="next" value="/ui/workloads/{seeded.key}"' in wrong.text  # the form returns there
+    crowded = locked.post("/ui/login", content="&".join(f"f{i}=x" for i in range(20)), headers=form)
+    assert crowded.status_code == 422 and crowded.json()["message"].startswith("body:")
     assert locked.post("/ui/login", content="next=/ui", headers=form).json()["message"] == "token: required"
     ok = locked.post("/ui/login", content=f"token={token}&next=/ui/workloads/{seeded.key}", headers=form)
     assert ok.status_code == 303 and ok.headers["location"] == f"/ui/workloads/{seeded.key}"
