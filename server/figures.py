@@ -1,7 +1,8 @@
 """Pictures of one workload's tuning, as PNG bytes: shared by ``tiletune report`` and the ``/ui`` pages.
 
 - ``history``: time per trial and the best so far (Optuna's optimization-history
-  plot on a study rebuilt in memory from the stored trials), failures marked;
+  plot on a study rebuilt in memory from the stored trials), failures and trials
+  still being measured (``running``) marked;
 - ``heatmap``: the best time per block_q x block_kv cell, one panel per
   variant x layout;
 - ``blockmap``: which tiles of the pattern are empty, partial or full at the
@@ -49,8 +50,8 @@ from server import models, store
 
 DPI = 100
 MAX_CELLS = 160  # block-map cells per side; larger tile grids are aggregated
-FAILURE_STATUSES = ("failed", "invalid", "crashed", "timeout", "wrong")
 STATUS_STYLE = {  # marker, colour: one per non-ok status in the history
+    "running": (">", "#1f77b4"),  # reserved by a worker, being measured now
     "pruned": ("o", "#7f7f7f"),
     "failed": ("X", "#d62728"),
     "invalid": ("|", "#9467bd"),
@@ -325,6 +326,8 @@ def heatmap_figure(record: TuningRecord) -> RenderedFigure:
                 if str(t.params.get("variant", "-")) != variant or str(t.params.get("layout", "-")) != layout:
                     continue
                 i, j = qs.index(int(t.params["block_q"])), kvs.index(int(t.params["block_kv"]))
+                if t.status == "running":
+                    continue  # no result yet
                 tried[i, j] += 1
                 if t.status == "ok" and t.median_ms:
                     best[i, j] = np.fmin(best[i, j], t.median_ms)

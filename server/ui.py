@@ -375,39 +375,33 @@ def _current_configs(session: Session, device_kind: str | None, preset: str | No
 
 
 def _jobs(session: Session) -> tuple[list[dict], bool]:
-    jobs = session.execute(
+    from server import jobs as job_queue
+
+    rows = session.execute(
         select(models.Job, models.Workload.key)
         .join(models.Workload, models.Workload.id == models.Job.workload_id)
         .order_by(models.Job.id.desc())
         .limit(JOB_ROWS + 1)
     ).all()
-    shown = jobs[:JOB_ROWS]
-    ids = [job.id for job, _ in shown]
-    progress: dict[int | None, tuple[int, float | None]] = {}
-    if ids:
-        # Trials done and the best ok time so far, from the trials the job recorded.
-        best = func.min(models.Trial.median_ms).filter(models.Trial.status == "ok")
-        for job_id, count, best_ms in session.execute(
-            select(models.Trial.job_id, func.count(), best)
-            .where(models.Trial.job_id.in_(ids))
-            .group_by(models.Trial.job_id)
-        ):
-            progress[job_id] = (count, best_ms)
+    shown = rows[:JOB_ROWS]
+    progress = job_queue.job_progress(session, [job.id for job, _ in shown])  # what GET /v1/jobs reports
     out = []
     for job, key in shown:
-        trials, best_ms = progress.get(job.id, (0, None))
+        p = progress[job.id]
         out.append(
             {
                 "id": job.id,
                 "key": key,
                 "status": job.status,
-                "trials": trials,
+                "trials": p.trials_done,
+                "running": p.trials_running,
                 "budget": job.budget,
-                "best_ms": best_ms,
+                "best_ms": p.best_ms,
                 "attempts": job.attempts,
-                "lease_owner": job.lease_owner,
+                "workers": ", ".join(p.workers),
+                "parallelism": job.parallelism,
                 "requested_by": job.requested_by,
                 "updated_at": job.updated_at,
             }
         )
-    return out, len(jobs) > JOB_ROWS
+    return out, len(rows) > JOB_ROWS

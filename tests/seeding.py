@@ -3,8 +3,9 @@
 The trials cover two variants x two layouts x four tile sizes (so the heatmap
 has small multiples), every failure status, a pruned trial with a partial
 median, and an invalid proposal (no trial number); the winner is published with
-a re-timed spread and a dense time. A finished job owns the trials, and a
-second workload has a queued job without trials.
+a re-timed spread and a dense time. A finished job owns the trials; a second
+workload's job is running on one worker, with one trial measured and one being
+measured (status ``running``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from kernel.config import TileConfig
 from kernel.presets import get_preset
 from kernel.workload import Workload
-from server import store
+from server import jobs, store
 from server.db import Database
 
 VERSIONS = {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": None}
@@ -42,7 +43,7 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
     statuses: dict[str, int] = {}
     with db.sessions() as session:
         row = store.workload_row(session, wl)
-        job, _ = store.enqueue_job(session, row, budget=48, requested_by="seed")
+        job, _ = jobs.enqueue_job(session, row, budget=48, requested_by="seed")
         number = 0
         best: tuple[float, TileConfig, int] | None = None
         grid = itertools.product(("compact", "naive"), ("temporal_major", "frame_major"), BLOCKS, BLOCKS)
@@ -95,5 +96,14 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
         job.status = "done"
         session.commit()
         other_row = store.workload_row(session, other)
-        store.enqueue_job(session, other_row, budget=32, requested_by="seed")
+        jobs.enqueue_job(session, other_row, budget=32, requested_by="seed")
+        claimed = jobs.claim_job(session, "seed-worker", device_kind=device_kind, backend="xla")
+        assert claimed is not None and claimed.workload_id == other_row.id
+        done = jobs.reserve_trial(session, claimed.id, "seed-worker", winner.to_dict(), number=0)
+        assert done.verdict == "reserved" and done.trial_id is not None
+        assert jobs.complete_trial(
+            session, done.trial_id, "seed-worker", "ok", median_ms=31.5, p10_ms=30.9, p90_ms=33.0
+        )
+        smaller = dataclasses.replace(winner, block_q=winner.block_q // 2)
+        assert jobs.reserve_trial(session, claimed.id, "seed-worker", smaller.to_dict(), number=1).verdict == "reserved"
     return Seeded(wl.key, other.key, number + 1, winner, statuses)

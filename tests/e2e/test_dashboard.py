@@ -52,7 +52,8 @@ def test_dashboard_in_a_browser(browser: Any, served_ui: Served, tmp_path: Path)
     assert len(rows) == 1 and key[:12] in rows[0].text and "cpu-demo" in rows[0].text
     jobs = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
     assert len(jobs) == 2
-    assert any("done" in j.text and f"{served_ui.seeded.trials} / 48" in j.text for j in jobs)
+    assert any("done" in j.text and f"{served_ui.seeded.trials - 1} / 48" in j.text for j in jobs)
+    assert any("running" in j.text and "1 / 32" in j.text and "seed-worker" in j.text for j in jobs)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#jobs progress")) == 2
     _screenshot(browser, tmp_path / "ui-dashboard.png")
 

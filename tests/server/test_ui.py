@@ -40,7 +40,9 @@ def test_dashboard_lists_configs_and_jobs(client: TestClient, seeded: Seeded) ->
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert f'href="/ui/workloads/{seeded.key}"' in page.text
     assert seeded.winner.describe() in page.text
-    assert f"{seeded.trials} / 48" in page.text and "0 / 32" in page.text  # job progress
+    # Job progress as GET /v1/jobs reports it: measured / budget, being measured, best so far, workers.
+    assert f"{seeded.trials - 1} / 48" in page.text  # the invalid proposal is not a measured trial
+    assert "1 / 32" in page.text and "(+1 running)" in page.text and "seed-worker (1)" in page.text
     assert "cpu-demo" in page.text
 
 
@@ -94,9 +96,11 @@ def test_figures_are_cached_until_a_trial_is_added(client: TestClient, db: Datab
     assert changed.content != first.content
 
 
-def test_a_workload_without_trials_still_has_figures(client: TestClient, seeded: Seeded) -> None:
+def test_a_workload_being_tuned_has_figures(client: TestClient, seeded: Seeded) -> None:
+    """No tuned config yet, one trial measured and one running: every figure still renders."""
     page = client.get(f"/ui/workloads/{seeded.other_key}")
     assert page.status_code == 200 and "none yet" in page.text
+    assert '<td class="status-running">running</td>' in page.text
     for name in figures.FIGURES:
         assert png_size(client.get(f"/ui/workloads/{seeded.other_key}/figures/{name}.png").content)
 
