@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune import report as report_cli
 from autotune import tune_cli, worker_cli
 from server import cli as server_cli
 
@@ -26,6 +27,7 @@ app.command()(server_cli.history)
 app.command()(tune_cli.tune)
 app.command()(worker_cli.worker)
 app.command()(worker_cli.up)
+app.command()(report_cli.report)
 bench_app.command("search")(tune_cli.bench_search)
 
 console = Console(stderr=True)

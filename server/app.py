@@ -388,6 +388,9 @@ def create_app(settings: Settings | None = None, database: Database | None = Non
         return _one_job_out(session, job, _workload_keys(session, {job.workload_id})[job.workload_id])
 
     app.include_router(v1)
+    from server.ui import router as ui_router  # the /ui dashboard (HTML, outside the OpenAPI document)
+
+    app.include_router(ui_router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

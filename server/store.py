@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from kernel.heuristic import heuristic_config
+from kernel.presets import get_preset
 from kernel.workload import FEATURES, Workload, feature_distance
 from server import models
 from server.models import TOKEN_ROLES, utcnow
@@ -77,6 +78,21 @@ def workload_of(row: models.Workload) -> Workload:
     return Workload.from_dict(row.spec)
 
 
+def preset_workloads(session: Session, preset: str, device_kind: str | None = None) -> list[models.Workload]:
+    """Workloads whose pattern is the preset's (any head count, as the API's ``preset`` builds it), newest first."""
+    p = get_preset(preset)
+    lay = p.layout
+    query = select(models.Workload).where(
+        models.Workload.frames == lay.frames,
+        models.Workload.tokens_per_frame == lay.tokens_per_frame,
+        models.Workload.text_tokens == lay.text_tokens,
+    )
+    if device_kind is not None:
+        query = query.where(models.Workload.device_kind == device_kind)
+    rows = session.scalars(query.order_by(models.Workload.id.desc())).all()
+    return [r for r in rows if r.pattern_hash == p.pattern(r.heads).pattern_hash]
+
+
 # ---------------------------------------------------------------- trials and tuned configs
 
 
@@ -93,6 +109,13 @@ def record_trial(
     session.add(trial)
     session.commit()
     return trial
+
+
+def workload_trials(session: Session, workload_id: int) -> Sequence[models.Trial]:
+    """Every trial of a workload, oldest first."""
+    return session.scalars(
+        select(models.Trial).where(models.Trial.workload_id == workload_id).order_by(models.Trial.id)
+    ).all()
 
 
 def publish_tuned_config(
