@@ -5,8 +5,9 @@ Rules (each from the TPU study in DESIGN.md section 1 or from the CPU benches):
  - temporal heads in ``temporal_major`` order: their mask becomes a diagonal band.
  - one call per head pattern: rows of one pattern have similar lengths, so no
    head pays for another's longer kv lists.
- - frame alignment when it costs at most 1/8 extra tokens: full tiles stay full
-   instead of straddling a frame boundary.
+ - frame alignment when the padded sequence (frames and a text prefix rounded up
+   to whole tiles) has at most 1/8 extra tokens: full tiles stay full instead of
+   straddling a frame boundary.
  - tiles: 128 x 128 on the XLA backend (CPU caches); on TPU 512-row q tiles and
    512-wide kv tiles computed in 512-wide sub-blocks (large DMAs amortise the
    ~0.35 us per-step overhead); halved while rounding the sequence up to whole
@@ -23,7 +24,7 @@ from math import lcm
 
 from kernel.config import Align, Layout, TileConfig
 from kernel.pattern import SparsityPattern
-from kernel.placement import round_up
+from kernel.placement import TokenPlacement, round_up
 
 MAX_ALIGN_OVERHEAD = 0.125
 MAX_TILE_PADDING = 0.125
@@ -46,10 +47,11 @@ def heuristic_config(pattern: SparsityPattern, backend: str = "xla", dtype: str 
     else:
         block_q = block_kv = _tile(seq, 512, 128)
     layout: Layout = "temporal_major" if any(h.kind == "temporal" for h in pattern.heads) else "frame_major"
-    per_frame = pattern.layout.tokens_per_frame
     unit = lcm(block_q, block_kv)
-    overhead = (round_up(per_frame, unit) - per_frame) / per_frame
-    align: Align = "frame" if overhead <= MAX_ALIGN_OVERHEAD else "none"
+    # Alignment pads every frame, and a text prefix, to whole tiles: count all of it
+    # (a one-token prefix padded to a 64-token tile is 63 slots of nothing).
+    aligned = round_up(TokenPlacement.build(pattern.layout, "frame_major", unit).length, unit)
+    align: Align = "frame" if aligned <= seq * (1 + MAX_ALIGN_OVERHEAD) else "none"
     return TileConfig(
         variant="compact",
         block_q=block_q,

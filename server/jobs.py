@@ -336,8 +336,8 @@ def finish_job(session: Session, job_id: int, worker: str, status: str, error: s
         session.rollback()
         return False
     job.error = error
-    if status == "done":
-        session.execute(update(_L).where(_live(job_id)).values(ended_at=now, end_reason="done"))
+    if status == "done":  # co-workers still on it learn at their next heartbeat or reservation
+        session.execute(update(_L).where(_live(job_id)).values(ended_at=now, end_reason="job_done"))
         job.status = "done"
         job.finished_at = now
     elif _others_live(session, job_id, worker, now) == 0:

@@ -202,7 +202,8 @@ class JobLease(Base):
     claimed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[dt.datetime] = mapped_column()
     ended_at: Mapped[dt.datetime | None] = mapped_column()
-    # done | released | expired | cancelled | failed | lost | budget
+    # done (this worker finished the job), job_done (another did), budget (its share was spent),
+    # released (it stopped on a signal), failed, cancelled, expired (it died: the next claim ended it)
     end_reason: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (Index("ix_tt_job_lease_job", "job_id", "ended_at"),)

@@ -110,7 +110,8 @@ def test_two_workers_share_one_job_within_its_budget(pg: Database, postgres_url:
         job = session.get(models.Job, job_id)
         assert job is not None
         name = study_name(job)
-    assert sorted(lease.end_reason or "" for lease in leases) == ["budget", "done"]
+    reasons = sorted(lease.end_reason or "" for lease in leases)
+    assert reasons in (["budget", "done"], ["done", "job_done"]), reasons  # the other left, or was still there
     study = optuna.load_study(study_name=name, storage=optuna_storage(postgres_url))
     told = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len({tuple(sorted(t.params.items())) for t in told}) >= 24  # one shared study holds both workers' trials
