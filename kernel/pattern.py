@@ -13,6 +13,7 @@ XLA backend) and inside the Pallas kernel (partial tiles).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -210,7 +211,7 @@ class SparsityPattern:
     def to_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property  # frozen: computed once (a lookup asks for it several times)
     def pattern_hash(self) -> str:
         """Stable hash of the canonical JSON (independent of key order on input)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:32]

@@ -9,6 +9,7 @@ measured under other versions is still served, marked stale.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -72,8 +73,9 @@ class Workload:
             "kernel_version": self.kernel_version,
         }
 
-    @property
+    @functools.cached_property  # frozen: computed once (a lookup asks for it several times)
     def key(self) -> str:
+        """Stable hash of the canonical form: equal workloads have equal keys."""
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
