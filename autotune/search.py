@@ -1,9 +1,12 @@
 """The search: an Optuna study over the search space, measured through a supervisor.
 
 Per job one study (ask-and-tell, so invalid points are never measured):
- - samplers: ``tpe`` (default; multivariate TPE with constraints, so failed and
-   invalid regions are learned as infeasible), ``random``, ``grid``, ``gp``
-   (Optuna's GP sampler; needs torch) and ``brute`` (every point, in order);
+ - samplers: ``tpe`` (default: :class:`autotune.strategy.LocalSearchSampler`, a
+   best-improvement descent from the warm start over one-step neighbours, then
+   multivariate TPE interleaved with local steps around the best configs),
+   ``tpe-plain`` (multivariate TPE alone; both read the trials' constraint, so
+   failed and invalid regions are learned as infeasible), ``random``, ``grid``,
+   ``gp`` (Optuna's GP sampler; needs torch) and ``brute`` (every point, in order);
  - warm start: the kernel's heuristic config and any given seed configs are
    enqueued first (``enqueue_trial``);
  - the same params are never measured twice: a repeated proposal is answered
@@ -29,10 +32,11 @@ import optuna
 
 from autotune.measure import Measurement, config_key
 from autotune.space import SearchSpace
+from autotune.strategy import LocalSearchSampler
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 
-SAMPLERS = ("tpe", "random", "grid", "gp", "brute")
+SAMPLERS = ("tpe", "tpe-plain", "random", "grid", "gp", "brute")
 PENALTY_MS = 1e9  # objective of infeasible points (never compared with real times)
 MAX_STALE_ASKS = 25
 
@@ -124,23 +128,23 @@ class ParamCoding:
         self.space = space
         self.dims = {k: tuple(sorted(v)) if k in self.ORDINAL else tuple(v) for k, v in space.dimensions().items()}
 
-    def _ordinal(self, name: str) -> bool:
+    def is_ordinal(self, name: str) -> bool:
         return name in self.ORDINAL and len(self.dims[name]) > 1
 
     def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
         out: dict[str, optuna.distributions.BaseDistribution] = {}
         for name, choices in self.dims.items():
-            if self._ordinal(name):
+            if self.is_ordinal(name):
                 out[name] = optuna.distributions.IntDistribution(0, len(choices) - 1)
             else:
                 out[name] = optuna.distributions.CategoricalDistribution(list(choices))
         return out
 
     def grid(self) -> dict[str, list[Any]]:
-        return {k: list(range(len(v))) if self._ordinal(k) else list(v) for k, v in self.dims.items()}
+        return {k: list(range(len(v))) if self.is_ordinal(k) else list(v) for k, v in self.dims.items()}
 
     def decode(self, params: dict[str, Any]) -> TileConfig:
-        values = {k: self.dims[k][int(v)] if self._ordinal(k) else v for k, v in params.items()}
+        values = {k: self.dims[k][int(v)] if self.is_ordinal(k) else v for k, v in params.items()}
         return self.space.config_from(values)
 
     def encode(self, config: TileConfig) -> dict[str, Any] | None:
@@ -150,7 +154,7 @@ class ParamCoding:
         for name, choices in self.dims.items():
             if params[name] not in choices:
                 return None
-            out[name] = choices.index(params[name]) if self._ordinal(name) else params[name]
+            out[name] = choices.index(params[name]) if self.is_ordinal(name) else params[name]
         return out
 
 
@@ -163,9 +167,11 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
-    """TPE and GP read each trial's ``infeasible`` constraint (set by :func:`_tell`)."""
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
+    """TPE and GP read each trial's ``infeasible`` constraint (set by :func:`_tell`); ``tpe``
+    is TPE wrapped in the local search of :mod:`autotune.strategy`, ``tpe-plain`` TPE alone."""
+    if name in ("tpe", "tpe-plain"):
+        tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
+        return tpe if name == "tpe-plain" else LocalSearchSampler(space, tpe, seed=seed, penalty=PENALTY_MS)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":

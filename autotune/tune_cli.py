@@ -28,7 +28,7 @@ def tune(
     trial_timeout: Annotated[
         float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
     ] = 300,
-    sampler: Annotated[str, typer.Option(help="tpe | random | grid | gp | brute")] = "tpe",
+    sampler: Annotated[str, typer.Option(help="tpe | tpe-plain | random | grid | gp | brute")] = "tpe",
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (preset default; float32 on xla)")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,

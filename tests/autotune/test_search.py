@@ -57,7 +57,7 @@ class FakeMeasurer:
         return 100.0
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid", "brute"])
+@pytest.mark.parametrize("sampler", ["tpe", "tpe-plain", "random", "grid", "brute"])
 def test_no_params_measured_twice_and_no_invalid_point_measured(sampler: str) -> None:
     space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
     measurer = FakeMeasurer()

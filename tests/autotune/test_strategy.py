@@ -1,0 +1,98 @@
+"""The default strategy (TPE with a local search, autotune.strategy): the local step proposes
+unmeasured valid one-step neighbours, starting at the warm start, its state lives in the study,
+and on the committed tables it gets within 2% of the best in at most a fifth of the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from autotune.bench_search import WITHIN
+from autotune.measure import config_key
+from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.search import PENALTY_MS, ParamCoding, SearchOptions, make_sampler, run_search
+from autotune.space import SearchSpace
+from autotune.strategy import CENTRE_ATTR, PROPOSAL_ATTR, LocalSearchSampler
+from kernel.heuristic import heuristic_config
+
+from .test_search import WORKLOAD, FakeMeasurer
+
+TABLES = sorted((Path(__file__).parent.parent / "fixtures" / "tables").glob("*.xla.json"))
+# The tables the strategy was chosen on (any other committed table is a held-out check, see the README).
+TUNED_ON = ("cpu-demo", "small-mixed", "text-prefix-spatial")
+
+
+def _steps(coding: ParamCoding, a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    return [(n, a[n], b[n]) for n in coding.dims if a[n] != b[n]]
+
+
+def _is_neighbour(coding: ParamCoding, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    steps = _steps(coding, a, b)
+    if len(steps) != 1:
+        return False
+    name, x, y = steps[0]
+    return not coding.is_ordinal(name) or abs(int(x) - int(y)) == 1
+
+
+def test_the_descent_starts_at_the_warm_start_and_only_steps_to_unmeasured_valid_neighbours(tmp_path: Any) -> None:
+    space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
+    coding = ParamCoding(space)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=4), storage=storage, study_name="s")
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    local = [t for t in trials if t.system_attrs.get(PROPOSAL_ATTR) == "local"]
+    assert local, "the local step proposed nothing"
+    heuristic = coding.encode(heuristic_config(WORKLOAD.pattern, "xla", "float32"))
+    assert trials[0].params == heuristic and local[0].system_attrs[CENTRE_ATTR] == heuristic
+    for t in local:
+        assert _is_neighbour(coding, t.system_attrs[CENTRE_ATTR], t.params)
+        assert space.violation(coding.decode(t.params)) is None
+        earlier = {config_key(coding.decode(u.params)) for u in trials if u.number < t.number}
+        assert config_key(coding.decode(t.params)) not in earlier
+
+
+def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp_path: Any) -> None:
+    """A second process (a fresh sampler on the loaded study) proposes what the first would,
+    and neither proposes a config another worker has enqueued."""
+    space = SearchSpace(WORKLOAD, "xla")
+    coding = ParamCoding(space)
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    run_search(space, FakeMeasurer(), SearchOptions(trials=6, seed=1), storage=storage, study_name="s")
+    search_space = {n: d for n, d in coding.distributions().items() if not d.single()}
+
+    def proposal(study: optuna.Study) -> Any:
+        # A new trial with no params yet, as a worker's ask creates it (study.ask would pop the enqueued one).
+        frozen = study._storage.get_trial(study._storage.create_new_trial(study._study_id))
+        sampler = make_sampler("tpe", space, 1, 8)
+        assert isinstance(sampler, LocalSearchSampler)
+        again = LocalSearchSampler(space, optuna.samplers.RandomSampler(), seed=1, penalty=PENALTY_MS)
+        first, second = (
+            sampler.local_proposal(study, frozen, search_space),
+            again.local_proposal(study, frozen, search_space),
+        )
+        assert first == second
+        return first
+
+    study = optuna.load_study(study_name="s", storage=storage)
+    first = proposal(study)
+    assert first is not None  # still descending from the heuristic
+    params, _ = first
+    study.enqueue_trial(params)  # another worker took it
+    second = proposal(optuna.load_study(study_name="s", storage=storage))
+    assert second is not None and second[0] != params
+
+
+@pytest.mark.parametrize("path", [p for p in TABLES if p.name.split(".")[0] in TUNED_ON], ids=lambda p: p.name)
+def test_default_strategy_gets_within_2pct_in_a_fifth_of_each_table(path: Path) -> None:
+    """On the replay backend (deterministic), for seeds 0-2: the issue's figure is a median
+    over seeds of at most 20% of the table; here every one of three seeds must make it."""
+    table = RecordedTable.load(path)
+    target = (table.best[1].median_ms or 0.0) * (1 + WITHIN)
+    budget = len(table.entries) // 5
+    for seed in range(3):
+        result = run_search(table.space(), ReplayMeasurer(table), SearchOptions(trials=budget, seed=seed, prune=False))
+        ok = [t.measurement.median_ms for t in result.trials if t.measurement.status == "ok"]
+        assert min(m for m in ok if m is not None) <= target, f"seed {seed}: not within 2% in {budget} trials"
