@@ -84,17 +84,19 @@ def workload_summary(record: TuningRecord) -> dict[str, Any]:
         "preset": preset_of(wl),
         "trial_count": len(record.trials),
         "status_counts": dict(sorted(counts.items(), key=lambda kv: (kv[0] != "ok", kv[0]))),
-        "tuned": None
-        if tuned is None
-        else {
-            "describe": describe_config(tuned.config),
-            "median_ms": tuned.median_ms,
-            "p10_ms": tuned.p10_ms,
-            "p90_ms": tuned.p90_ms,
-            "dense_ms": tuned.dense_ms,
-            "speedup": tuned.speedup,
-            "created_at": tuned.created_at,
-        },
+        "tuned": None if tuned is None else {"describe": describe_config(tuned.config), **tuned_timing(tuned)},
+    }
+
+
+def tuned_timing(tuned: Any) -> dict[str, Any]:
+    """The timing fields of a tuned config that the pages show."""
+    return {
+        "median_ms": tuned.median_ms,
+        "p10_ms": tuned.p10_ms,
+        "p90_ms": tuned.p90_ms,
+        "dense_ms": tuned.dense_ms,
+        "speedup": tuned.speedup,
+        "created_at": tuned.created_at,
     }
 
 

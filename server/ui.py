@@ -363,12 +363,7 @@ def _current_configs(session: Session, device_kind: str | None, preset: str | No
                 "preset": pages.preset_of(workload),
                 "pattern": workload.pattern.describe(),
                 "config": pages.describe_config(tuned.config),
-                "median_ms": tuned.median_ms,
-                "p10_ms": tuned.p10_ms,
-                "p90_ms": tuned.p90_ms,
-                "dense_ms": tuned.dense_ms,
-                "speedup": tuned.speedup,
-                "created_at": tuned.created_at,
+                **pages.tuned_timing(tuned),
             }
         )
     return out, len(rows) > CONFIG_ROWS

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import http.server
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ from server import jobs, store
 from server.bench_service import APP_TARGET, serving
 from server.db import Database
 from server.migrate import upgrade
+from tests.serving import free_port
 
 PATTERN = SparsityPattern.grouped(
     VideoLayout(4, 64), [(HeadPattern.spatial(1), 1), (HeadPattern.temporal(4), 1)]
@@ -132,12 +132,6 @@ def make_client(tmp_path: Path) -> Iterator[Any]:
 def _no_resolver() -> Iterator[None]:
     yield
     tt_client.uninstall()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Stub:

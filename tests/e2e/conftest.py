@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from server import store
@@ -20,6 +14,7 @@ from server.db import Database
 from server.migrate import upgrade
 from tests.e2e.browser import CHROMEDRIVER, CHROMIUM, ensure_chromium
 from tests.seeding import Seeded, seed_tuned_workload
+from tests.serving import tiletune_serve
 
 # Screenshots also land here (gitignored), so a reviewer finds them after a test run.
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
@@ -68,12 +63,6 @@ def browser(chromium: Path) -> Iterator[object]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Served:
     def __init__(self, base: str, token: str, seeded: Seeded) -> None:
         self.base = base
@@ -91,29 +80,5 @@ def served_ui(tmp_path: Path) -> Iterator[Served]:
     with db.sessions() as session:
         token = store.create_token(session, "browser", "writer")
     db.dispose()
-    port = _free_port()
-    env = {**os.environ, "TILETUNE_DATABASE_URL": url, "TILETUNE_REQUIRE_READ_TOKEN": "true"}
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "serve", "--port", str(port)], env=env, stdout=log, stderr=log
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+    with tiletune_serve(url, tmp_path / "server.log", {"TILETUNE_REQUIRE_READ_TOKEN": "true"}) as base:
         yield Served(base, token, seeded)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()

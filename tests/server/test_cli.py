@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -19,47 +14,17 @@ from server import store
 from server.db import Database
 from server.migrate import upgrade
 from tests.server.test_api import CONFIG, VERSIONS
+from tests.serving import tiletune_serve
 
 runner = CliRunner()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def served(tmp_path) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A real uvicorn server started by `tiletune serve` on a fresh SQLite file: (base url, database url)."""
     url = f"sqlite:///{tmp_path / 'served.db'}"
-    port = free_port()
-    env = {**os.environ, "TILETUNE_DATABASE_URL": url}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "serve", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-            time.sleep(0.2)
+    with tiletune_serve(url, tmp_path / "server.log") as base:
         yield base, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def seed(url: str) -> str:
