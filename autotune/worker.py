@@ -196,8 +196,11 @@ class Worker:
                     session, self.name, device_kind=self.device_kind, backend=self.backend, lease_s=self.o.lease_s
                 )
                 claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
+                idle = claimed is None and not jobs.has_claimable(
+                    session, self.name, device_kind=self.device_kind, backend=self.backend
+                )
             if claimed is None:
-                if self.o.exit_when_idle:
+                if self.o.exit_when_idle and idle:
                     break
                 self._stop.wait(self.o.poll_s)
                 continue

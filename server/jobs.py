@@ -157,6 +157,24 @@ def fail_abandoned_jobs(session: Session) -> int:
     return failed
 
 
+def _candidates(now: dt.datetime, worker: str, device_kind: str, backend: str) -> Any:
+    return (
+        select(_J.id)
+        .join(_W, _W.id == _J.workload_id)
+        .where(_W.device_kind == device_kind, _W.backend == backend, _claimable(now, worker))
+        .order_by(_J.priority.desc(), _J.id)
+        .limit(1)
+    )
+
+
+def has_claimable(session: Session, worker: str, *, device_kind: str, backend: str) -> bool:
+    """Whether a job is there for ``worker`` to claim, locked by another claim right now or not
+    (a claim that skipped a locked row found nothing, but the queue is not empty)."""
+    found = session.scalar(_candidates(utcnow(), worker, device_kind, backend)) is not None
+    session.rollback()
+    return found
+
+
 def claim_job(
     session: Session, worker: str, *, device_kind: str, backend: str, lease_s: float = DEFAULT_LEASE_S
 ) -> models.Job | None:
@@ -170,13 +188,7 @@ def claim_job(
     """
     fail_abandoned_jobs(session)
     now = utcnow()
-    candidates = (
-        select(_J.id)
-        .join(_W, _W.id == _J.workload_id)
-        .where(_W.device_kind == device_kind, _W.backend == backend, _claimable(now, worker))
-        .order_by(_J.priority.desc(), _J.id)
-        .limit(1)
-    )
+    candidates = _candidates(now, worker, device_kind, backend)
     postgres = session.get_bind().dialect.name == "postgresql"
     for _ in range(8):  # on SQLite another worker may win a candidate: try the next one
         if postgres:

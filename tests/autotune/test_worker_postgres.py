@@ -19,6 +19,7 @@ from tests.autotune.workers import (
     finished_trials,
     queue_replay_jobs,
     start_worker,
+    start_workers,
     statuses,
     wait_for,
 )
@@ -48,12 +49,20 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> list[str]:
     return out
 
 
+def stop_when_done(db: Database, job_ids: list[int], procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    """Once every job has ended, SIGTERM the workers (which stay up on an empty queue); their output."""
+    try:
+        wait_for(lambda: set(statuses(db, job_ids).values()) <= {"done", "failed"}, 240, "the jobs", poll_s=0.5)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+    return stop_all(procs)
+
+
 def test_four_workers_forty_jobs_each_done_exactly_once(pg: Database, postgres_url: str) -> None:
+    procs = start_workers(postgres_url, 4, "--replay-sleep", "0.05", "--poll", "0.2")
     ids = queue_replay_jobs(pg, 40, budget=5)
-    procs = [
-        start_worker(postgres_url, "--replay-sleep", "0.05", "--exit-when-idle", "--poll", "0.2") for _ in range(4)
-    ]
-    logs = stop_all(procs)
+    logs = stop_when_done(pg, ids, procs)
     assert [p.returncode for p in procs] == [0, 0, 0, 0], logs
     assert set(statuses(pg, ids).values()) == {"done"}
     workers_used = set()
@@ -99,9 +108,9 @@ def test_killed_worker_job_completes_elsewhere_without_losing_or_repeating_trial
 
 
 def test_two_workers_share_one_job_within_its_budget(pg: Database, postgres_url: str) -> None:
+    procs = start_workers(postgres_url, 2, "--replay-sleep", "0.2", "--poll", "0.2")
     (job_id,) = queue_replay_jobs(pg, 1, budget=24, parallelism=2)
-    procs = [start_worker(postgres_url, "--replay-sleep", "0.2", "--exit-when-idle", "--poll", "0.2") for _ in range(2)]
-    logs = stop_all(procs)
+    logs = stop_when_done(pg, [job_id], procs)
     assert [p.returncode for p in procs] == [0, 0], logs
     per_worker = check_job_records(pg, job_id, budget=24)
     assert len(per_worker) == 2 and min(per_worker.values()) >= 4, per_worker  # both measured a share

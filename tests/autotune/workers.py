@@ -44,6 +44,17 @@ def start_worker(url: str, *args: str, table: Path = TABLE) -> subprocess.Popen[
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
 
 
+def start_workers(url: str, n: int, *args: str) -> list[subprocess.Popen[bytes]]:
+    """``n`` replay worker processes, returned once every one of them is claiming (so jobs
+    queued afterwards are shared from the start, however slowly the processes started)."""
+    procs = [start_worker(url, *args) for _ in range(n)]
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert b"claiming" in line, line + p.stdout.read()
+    return procs
+
+
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -72,6 +72,17 @@ def test_claims_match_device_and_backend_and_priority(db: Database) -> None:
         assert tpu is not None and tpu.id == other[0]
 
 
+def test_has_claimable_sees_the_queue_of_its_device_and_backend(db: Database) -> None:
+    with db.sessions() as session:
+        assert not jobs.has_claimable(session, "w", device_kind="cpu", backend="xla")
+    queue_jobs(db, 1)
+    with db.sessions() as session:
+        assert jobs.has_claimable(session, "w", device_kind="cpu", backend="xla")
+        assert not jobs.has_claimable(session, "w", device_kind="cpu", backend="tpu")
+        assert jobs.claim_job(session, "w", device_kind="cpu", backend="xla") is not None
+        assert not jobs.has_claimable(session, "w2", device_kind="cpu", backend="xla")  # held, parallelism 1
+
+
 def test_concurrent_workers_never_share_a_job(db: Database) -> None:
     ids = set(queue_jobs(db, 40))
     claims: list[tuple[str, int]] = []
