@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -160,8 +161,12 @@ def bench_search(
     backend: Annotated[str, typer.Option(help="Backend to record on")] = "xla",
     repeats: Annotated[int, typer.Option(min=1)] = 5,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    tables: Annotated[
+        list[Path] | None,
+        typer.Argument(help="More tables to replay: --replay A.json B.json C.json", show_default=False),
+    ] = None,
 ) -> None:
-    """Record exhaustive tables (--record) or compare search strategies on them (--replay)."""
+    """Record exhaustive tables (--record) or compare search strategies on them (--replay TABLE...)."""
     from autotune.bench_search import BUDGETS, record_table
     from autotune.bench_search import replay as replay_table
     from autotune.measure import MeasureOptions
@@ -169,6 +174,9 @@ def bench_search(
     from autotune.search import SAMPLERS
     from autotune.tune import local_workload
 
+    if tables and not replay:
+        raise typer.BadParameter(f"tables {[str(t) for t in tables]} without --replay")
+    replay = [*(replay or []), *(tables or [])]
     if record == bool(replay):
         raise typer.BadParameter("give --record (with --preset/--workload and --out) or --replay TABLE...")
     if record:
@@ -207,14 +215,18 @@ def bench_search(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
+
+    def reached(row: dict[str, Any]) -> bool:  # the median seed got within 2% inside the budget
+        return math.isfinite(row["median_trials_to_within_2pct"])
+
     t = Table("table", "size", "sampler", "median trials to 2%", "of table", "reached", *[f"best@{b}" for b in BUDGETS])
     for r in rows:
         t.add_row(
             r["table"],
             str(r["table_size"]),
             r["sampler"],
-            f"{r['median_trials_to_within_2pct']:.1f}",
-            f"{r['fraction_of_table']:.1%}",
+            f"{r['median_trials_to_within_2pct']:.1f}" if reached(r) else "not reached",
+            f"{r['fraction_of_table']:.1%}" if reached(r) else "-",
             r["reached"],
             *[f"{r['best_at_budget'][str(b)]:.3f}" for b in BUDGETS],
         )

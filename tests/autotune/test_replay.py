@@ -60,10 +60,11 @@ def test_replay_benchmark_statistics(sampler: str) -> None:
 
 def test_replay_command_prints_json() -> None:
     result = CliRunner().invoke(
-        cli, ["bench", "search", "--replay", str(TABLES[-1]), "--sampler", "random", "--seeds", "2", "--json"]
+        cli, ["bench", "search", "--replay", *map(str, TABLES[-2:]), "--sampler", "random", "--seeds", "2", "--json"]
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
+    assert [r["table"] for r in rows] == [t.name for t in TABLES[-2:]]  # both tables after one --replay
     assert rows[0]["sampler"] == "random" and math.isfinite(rows[0]["median_trials_to_within_2pct"])
 
 
