@@ -296,7 +296,11 @@ def run_search(
         stale = 0
         unmeasured.pop(key, None)
         prune_above = best_ms * o.prune_factor if (o.prune and best_ms is not None) else None
-        measurement = measurer.measure(config, prune_above)
+        try:
+            measurement = measurer.measure(config, prune_above)
+        except BaseException:  # abandoned (or interrupted): the asked trial must not stay RUNNING in the study
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
         value, feasible = known[key] = _objective(measurement)
         _tell(study, trial, value, feasible)
         record = TrialResult(trial.number, config, measurement)

@@ -305,6 +305,7 @@ class Worker:
                 },
             )
 
+        self._fail_orphaned_trials(job_id, study)
         return run_search(
             space,
             measurer,
@@ -315,6 +316,25 @@ class Worker:
             on_trial=progress,
             finalize=False,
         )
+
+    def _fail_orphaned_trials(self, job_id: int, study: str) -> None:
+        """When this worker alone holds a resumed job, trials left RUNNING in its study belong
+        to workers that died or were killed: mark them FAIL, or samplers would take their
+        params as in flight forever (the measurements themselves are in tt_trial)."""
+        from server import jobs
+
+        with self.db.sessions() as session:
+            holders = jobs.job_progress(session, [job_id])[job_id].workers
+        if list(holders) != [self.name]:
+            return
+        storage = self.storage()
+        try:
+            study_id = storage.get_study_id_from_name(study)
+        except KeyError:  # a fresh job: no study yet
+            return
+        running = storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for trial in running:
+            storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
 
     def _finish(
         self, job_id: int, workload: Workload, measurer: Measurer, result: SearchResult, lost: threading.Event

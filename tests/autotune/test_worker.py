@@ -8,11 +8,12 @@ import signal
 import threading
 from typing import Any
 
+import optuna
 import pytest
 from sqlalchemy import update
 
 from autotune.replay import RecordedTable
-from autotune.worker import Worker, WorkerOptions
+from autotune.worker import Worker, WorkerOptions, optuna_storage, study_name
 from server import jobs, models, store
 from server.db import Database
 from tests.autotune.workers import (
@@ -117,6 +118,13 @@ def test_a_dead_workers_job_resumes_without_losing_or_repeating_trials(db: Datab
             assert jobs.complete_trial(session, r.trial_id or 0, "dead", "ok", **m.trial_fields())
             kept.append(r.trial_id)
         in_flight = jobs.reserve_trial(session, job_id, "dead", configs[3].to_dict()).trial_id
+        job = session.get(models.Job, job_id)
+        assert job is not None
+        name = study_name(job)
+    # The dead worker had asked its study for a trial it never told: it stays RUNNING there.
+    study = optuna.create_study(study_name=name, storage=optuna_storage(database_url), direction="minimize")
+    study.ask()
+    with db.sessions() as session:
         session.execute(
             update(models.JobLease).values(expires_at=models.utcnow() - dt.timedelta(seconds=1))
         )  # the worker was killed: its lease runs out
@@ -137,6 +145,8 @@ def test_a_dead_workers_job_resumes_without_losing_or_repeating_trials(db: Datab
         assert crashed is not None and crashed.status == "crashed"
         job = session.get(models.Job, job_id)
         assert job is not None and job.attempts == 2
+    states = {t.state for t in optuna.load_study(study_name=name, storage=optuna_storage(database_url)).trials}
+    assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.FAIL in states
 
 
 @pytest.mark.slow
