@@ -149,7 +149,7 @@ def _one_run(db: Any, url: str, n: int, o: WorkersBenchOptions, table: RecordedT
         "jobs": count,
         "failed": failed,
         "trials": trials,
-        "seconds": round(wall, 2),
+        "seconds": round(wall, 3),
         "jobs_per_minute": round(count / wall * 60, 2),
     }
 
