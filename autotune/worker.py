@@ -196,11 +196,13 @@ class Worker:
                     session, self.name, device_kind=self.device_kind, backend=self.backend, lease_s=self.o.lease_s
                 )
                 claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
-                idle = claimed is None and not jobs.has_claimable(
-                    session, self.name, device_kind=self.device_kind, backend=self.backend
+                idle = (
+                    claimed is None
+                    and self.o.exit_when_idle
+                    and not jobs.has_claimable(session, self.name, device_kind=self.device_kind, backend=self.backend)
                 )
             if claimed is None:
-                if self.o.exit_when_idle and idle:
+                if idle:
                     break
                 self._stop.wait(self.o.poll_s)
                 continue
@@ -450,11 +452,11 @@ class _ReplayContext:
 
 def _trial_result(row: Any) -> TrialResult:
     """A stored ok trial as a TrialResult (``number`` holds the row id, to find it again)."""
-    runs = (row.median_ms,) if row.median_ms is not None else ()
-    return TrialResult(row.id, TileConfig.from_dict(row.params), Measurement(row.status, runs_ms=runs))
+    return TrialResult(row.id, TileConfig.from_dict(row.params), _measurement(row))
 
 
 def _measurement(row: Any) -> Measurement:
+    """A stored trial's outcome (its median stands for its runs)."""
     runs = (row.median_ms,) if row.median_ms is not None else ()
     return Measurement(row.status, compile_ms=row.compile_ms, runs_ms=runs, max_error=row.max_error, error=row.error)
 

@@ -46,7 +46,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
-ReadSessionDep = Annotated[Session, Depends(get_read_session)]  # read-only routes: autocommit
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]  # read-only routes (autocommit on PostgreSQL)
 
 
 def read_access(request: Request, session: ReadSessionDep) -> None:

@@ -59,7 +59,8 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 def get_read_session(request: Request) -> Iterator[Session]:
-    """FastAPI dependency of read-only routes: a session in autocommit mode (see ``Database.reader``)."""
+    """FastAPI dependency of read-only routes: a session of ``Database.read_sessions`` (autocommit
+    on PostgreSQL)."""
     db: Database = request.app.state.db
     with db.read_sessions() as session:
         yield session

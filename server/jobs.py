@@ -31,14 +31,13 @@ from collections.abc import Iterable
 from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, and_, delete, exists, func, insert, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from server import models
 from server.models import ACTIVE_JOB_STATUSES, utcnow
-from server.store import params_key
+from server.store import dialect_insert, params_key
 
 DEFAULT_LEASE_S = 60.0
 _J, _L, _T, _W = models.Job, models.JobLease, models.Trial, models.Workload
@@ -52,6 +51,11 @@ def _rowcount(result: Any) -> int:
 def _live(job_id: Any) -> ColumnElement[bool]:
     """A lease of ``job_id`` that has not ended (expired or not: only a claim ends an expired lease)."""
     return and_(_L.job_id == job_id, _L.ended_at.is_(None))
+
+
+def _held(job_id: Any, worker: str) -> ColumnElement[bool]:
+    """``worker`` holds a live lease on ``job_id``."""
+    return exists().where(_live(job_id), _L.worker == worker)
 
 
 def _live_count(now: dt.datetime) -> Any:
@@ -118,7 +122,7 @@ def _claimable(now: dt.datetime, worker: str) -> ColumnElement[bool]:
     others still hold it (and nobody re-times the finalists yet), or restarting it
     when every lease expired (a new attempt)."""
     live = _live_count(now)
-    mine = exists().where(_live(_J.id), _L.worker == worker)
+    mine = _held(_J.id, worker)
     return or_(
         and_(_J.status == "queued", _J.attempts < _J.max_attempts),
         and_(
@@ -279,12 +283,6 @@ def heartbeat(session: Session, job_id: int, worker: str, lease_s: float = DEFAU
     return extended == 1
 
 
-def holds_lease(session: Session, job_id: int, worker: str) -> bool:
-    held = session.scalar(select(exists().where(_live(job_id), _L.worker == worker)))
-    session.rollback()
-    return bool(held)
-
-
 def _end_lease(session: Session, job_id: int, worker: str, reason: str, now: dt.datetime) -> bool:
     return (
         _rowcount(
@@ -305,6 +303,11 @@ def _others_live(session: Session, job_id: int, worker: str, now: dt.datetime) -
     )
 
 
+def _drop_unfinished(session: Session, job_id: int, worker: str) -> None:
+    """Delete the worker's reserved, unfinished trials of the job (another worker measures them)."""
+    session.execute(delete(_T).where(_T.job_id == job_id, _T.worker == worker, _T.status == "running"))
+
+
 def leave_job(session: Session, job_id: int, worker: str) -> bool:
     """The worker's share of a job is done (its budget is spent and another worker
     re-times the finalists): end its lease, leave the job running."""
@@ -321,7 +324,7 @@ def release_job(session: Session, job_id: int, worker: str) -> bool:
     if not _end_lease(session, job_id, worker, "released", now):
         session.rollback()
         return False
-    session.execute(delete(_T).where(_T.job_id == job_id, _T.worker == worker, _T.status == "running"))
+    _drop_unfinished(session, job_id, worker)
     if _others_live(session, job_id, worker, now) == 0:
         session.execute(
             update(_J)
@@ -353,7 +356,7 @@ def finish_job(session: Session, job_id: int, worker: str, status: str, error: s
         job.status = "done"
         job.finished_at = now
     elif _others_live(session, job_id, worker, now) == 0:
-        session.execute(delete(_T).where(_T.job_id == job_id, _T.worker == worker, _T.status == "running"))
+        _drop_unfinished(session, job_id, worker)
         if job.attempts < job.max_attempts:
             job.status = "queued"
             job.finalizer = None
@@ -373,7 +376,7 @@ def begin_finalize(session: Session, job_id: int, worker: str) -> bool:
                 _J.id == job_id,
                 _J.status == "running",
                 or_(_J.finalizer.is_(None), _J.finalizer == worker),
-                exists().where(_live(job_id), _L.worker == worker),
+                _held(job_id, worker),
             )
             .values(finalizer=worker, updated_at=utcnow())
         )
@@ -417,7 +420,7 @@ def reserve_trial(
         session.execute(update(_J).where(_J.id == job_id, _J.status == "running").values(updated_at=now))
     )
     job = session.get(_J, job_id, populate_existing=True)
-    if touched != 1 or job is None or not session.scalar(select(exists().where(_live(job_id), _L.worker == worker))):
+    if touched != 1 or job is None or not session.scalar(select(_held(job_id, worker))):
         session.rollback()
         return Reservation("lost")
     key = params_key(params)
@@ -487,8 +490,7 @@ def record_invalid(
         "versions": {},
         **fields,
     }
-    dialect = session.get_bind().dialect.name
-    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(_T).values(**values)
+    stmt = dialect_insert(session, _T).values(**values)
     session.execute(
         stmt.on_conflict_do_nothing(index_elements=["job_id", "params_key"], index_where=_T.job_id.is_not(None))
     )

@@ -32,15 +32,21 @@ PUBLISH_LOCK = 0x7474_0001  # PostgreSQL advisory lock key serializing publish_t
 # ---------------------------------------------------------------- workloads
 
 
+def dialect_insert(session: Session, model: type[models.Base]) -> Any:
+    """The session's dialect's INSERT of ``model`` (PostgreSQL and SQLite both have ON CONFLICT)."""
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(model)
+
+
 def workload_row(session: Session, wl: Workload) -> models.Workload:
     """The workload's row, inserted on first sight (race-free per-dialect upsert)."""
     row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
     if row is not None:
         return row
     values = {**workload_columns(wl), "created_at": utcnow()}
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    session.execute(insert(models.Workload).values(**values).on_conflict_do_nothing(index_elements=["key"]))
+    session.execute(
+        dialect_insert(session, models.Workload).values(**values).on_conflict_do_nothing(index_elements=["key"])
+    )
     session.commit()
     row = session.scalar(select(models.Workload).where(models.Workload.key == wl.key))
     assert row is not None

@@ -49,11 +49,6 @@ def expire(db: Database, job_id: int, worker: str) -> None:
         session.commit()
 
 
-def live_workers(db: Database, job_id: int) -> list[str]:
-    with db.sessions() as session:
-        return [lease.worker for lease in jobs.job_leases(session, job_id) if lease.ended_at is None]
-
-
 def params(i: int) -> dict[str, int]:
     return {"variant": "compact", "block_q": 32 * (i + 1)}  # any distinct params will do
 
