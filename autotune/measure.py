@@ -1,14 +1,20 @@
 """Measuring one TileConfig on one workload: compile, check, time.
 
-A :class:`WorkloadBench` holds the workload's inputs and the float64 reference
-of a sample of query rows, built once. ``measure(config)`` then
+This module holds the one timing loop of tiletune (:func:`timed_runs`: every run
+ends with ``block_until_ready``, so a time covers the device work, not the
+dispatch) and the one place run times become figures (:class:`RunStats`:
+median, p10, p90, spread).
+
+A :class:`WorkloadBench` is the in-process measurer: it holds the workload's
+inputs and the float64 reference of a sample of query rows, built once.
+``measure(config)`` then
  1. lowers and compiles (both timed; a failure is ``failed`` with its kind),
  2. runs once and checks the output on the sampled rows against the reference
     (NaN or an error over the tolerance is ``wrong``: a fast wrong config never
     wins),
- 3. warms up and times repeated runs (``block_until_ready``) until both a repeat
-    count and a minimum time are met; after ``prune_after`` runs a config whose
-    median is ``prune_factor`` times the best so far stops early as ``pruned``.
+ 3. warms up and times repeated runs until both a repeat count and a minimum
+    time are met; after ``prune_after`` runs a config whose median is over
+    ``prune_above_ms`` stops early as ``pruned``.
 Compiled executables are kept (LRU) so the final re-timing does not recompile.
 
 Test seam: ``inject`` maps a params key to ``wrong``, ``nan``, ``crash``
@@ -20,9 +26,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -31,20 +39,74 @@ import numpy as np
 
 from kernel.attention import sparse_attention
 from kernel.config import TileConfig
-from kernel.reference import dense_attention, reference_attention
+from kernel.reference import TOLERANCE, dense_attention, reference_attention
 from kernel.workload import Workload
 
-TOLERANCE = {"float32": 2e-5, "bfloat16": 2e-2}
 STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
 
 
-def config_key(config: TileConfig | dict[str, Any]) -> str:
-    """Stable key of a config's params (the "same params" of a study)."""
-    import hashlib
-    import json
+@dataclasses.dataclass(frozen=True)
+class RunStats:
+    """Median, p10 and p90 of a set of run times (ms), and their spread."""
 
-    params = config.to_dict() if isinstance(config, TileConfig) else config
-    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    runs: int
+
+    @classmethod
+    def of(cls, runs_ms: Sequence[float]) -> RunStats | None:
+        """The statistics of ``runs_ms``; None when there are no runs."""
+        if len(runs_ms) == 0:
+            return None
+        runs = np.asarray(runs_ms, dtype=float)
+        p10, median, p90 = np.percentile(runs, [10, 50, 90])
+        return cls(float(median), float(p10), float(p90), int(runs.size))
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative noise of the runs (0 for a zero median)."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+def timed_runs(
+    compiled: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    warmup: int = 1,
+    repeats: int = 5,
+    min_time_s: float = 0.0,
+    max_time_s: float = math.inf,
+    stop_early: Callable[[list[float]], bool] | None = None,
+) -> tuple[list[float], bool]:
+    """``warmup`` untimed runs, then timed runs (ms) until at least ``repeats`` runs and
+    ``min_time_s`` seconds of them, or ``max_time_s`` seconds. ``stop_early(runs)`` is
+    asked after every run; True ends the loop. Returns (runs, whether it stopped early)."""
+    for _ in range(warmup):
+        jax.block_until_ready(compiled(*args))
+    runs: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        runs.append((time.perf_counter() - t0) * 1e3)
+        if stop_early is not None and stop_early(runs):
+            return runs, True
+        elapsed = time.perf_counter() - start
+        if (len(runs) >= repeats and elapsed >= min_time_s) or elapsed >= max_time_s:
+            return runs, False
+
+
+def time_function(
+    fn: Callable[..., Any], args: Sequence[Any], *, repeats: int = 5, min_time_s: float = 0.0
+) -> Measurement:
+    """jit, lower and compile ``fn`` for ``args`` (timed), then :func:`timed_runs`; an ``ok``
+    Measurement (benchmarks of callables that are not a TileConfig: anchors, variants)."""
+    t0 = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_ms = (time.perf_counter() - t0) * 1e3
+    runs, _ = timed_runs(compiled, args, repeats=repeats, min_time_s=min_time_s)
+    return Measurement("ok", compile_ms=compile_ms, runs_ms=tuple(runs))
 
 
 @dataclasses.dataclass
@@ -71,31 +133,37 @@ class Measurement:
     error: str | None = None
 
     @property
+    def stats(self) -> RunStats | None:
+        return RunStats.of(self.runs_ms)
+
+    @property
     def median_ms(self) -> float | None:
-        return float(np.median(self.runs_ms)) if self.runs_ms else None
+        stats = self.stats
+        return stats.median_ms if stats else None
 
     @property
     def p10_ms(self) -> float | None:
-        return float(np.percentile(self.runs_ms, 10)) if self.runs_ms else None
+        stats = self.stats
+        return stats.p10_ms if stats else None
 
     @property
     def p90_ms(self) -> float | None:
-        return float(np.percentile(self.runs_ms, 90)) if self.runs_ms else None
+        stats = self.stats
+        return stats.p90_ms if stats else None
 
     @property
     def spread(self) -> float | None:
-        m = self.median_ms
-        if not m or self.p10_ms is None or self.p90_ms is None:
-            return None
-        return (self.p90_ms - self.p10_ms) / m
+        stats = self.stats
+        return stats.spread if stats else None
 
     def trial_fields(self) -> dict[str, Any]:
         """Columns of a stored trial."""
+        stats = self.stats
         return {
             "compile_ms": self.compile_ms,
-            "median_ms": self.median_ms,
-            "p10_ms": self.p10_ms,
-            "p90_ms": self.p90_ms,
+            "median_ms": stats.median_ms if stats else None,
+            "p10_ms": stats.p10_ms if stats else None,
+            "p90_ms": stats.p90_ms if stats else None,
             "max_error": self.max_error,
             "error": self.error,
         }
@@ -167,7 +235,7 @@ class WorkloadBench:
         return action
 
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
-        key = config_key(config)
+        key = config.key
         action = self._inject(key, "compile")
         try:
             t0 = time.perf_counter()
@@ -208,21 +276,24 @@ class WorkloadBench:
 
     def _time(self, compiled: Any, prune_above_ms: float | None) -> tuple[list[float], bool]:
         """Timed runs, and whether they stopped early as clearly slower than ``prune_above_ms``."""
-        o = self.options
-        args = (self.q, self.k, self.v)
-        for _ in range(o.warmup):
-            jax.block_until_ready(compiled(*args))
-        runs: list[float] = []
-        start = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            runs.append((time.perf_counter() - t0) * 1e3)
-            elapsed = time.perf_counter() - start
-            if prune_above_ms is not None and len(runs) == o.prune_after and float(np.median(runs)) > prune_above_ms:
-                return runs, True
-            if (len(runs) >= o.repeats and elapsed >= o.min_time_s) or elapsed >= o.max_time_s:
-                return runs, False
+        options = self.options
+
+        def clearly_slower(runs: list[float]) -> bool:
+            return (
+                prune_above_ms is not None
+                and len(runs) == options.prune_after
+                and float(np.median(runs)) > prune_above_ms
+            )
+
+        return timed_runs(
+            compiled,
+            (self.q, self.k, self.v),
+            warmup=options.warmup,
+            repeats=options.repeats,
+            min_time_s=options.min_time_s,
+            max_time_s=options.max_time_s,
+            stop_early=clearly_slower,
+        )
 
     def _remember(self, key: str, compiled: Any) -> None:
         self._compiled[key] = compiled
@@ -232,26 +303,13 @@ class WorkloadBench:
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         """``runs`` more timed runs of an already measured config (recompiles if evicted)."""
-        key = config_key(config)
-        compiled = self._compiled.get(key)
+        compiled = self._compiled.get(config.key)
         if compiled is None:
             compiled = jax.jit(self._fn(config)).lower(self.q, self.k, self.v).compile()
-            self._remember(key, compiled)
-        return _timed_runs(compiled, (self.q, self.k, self.v), runs)
+            self._remember(config.key, compiled)
+        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]
 
     def dense_ms(self, repeats: int = 5) -> float:
         """Median time of dense attention (jax.nn.dot_product_attention) on the same inputs."""
-
         compiled = jax.jit(dense_attention).lower(self.q, self.k, self.v).compile()
-        return float(np.median(_timed_runs(compiled, (self.q, self.k, self.v), repeats)))
-
-
-def _timed_runs(compiled: Any, args: tuple[Any, ...], runs: int) -> list[float]:
-    """One untimed run, then ``runs`` timed ones (ms), each to ``block_until_ready``."""
-    jax.block_until_ready(compiled(*args))
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+        return float(np.median(timed_runs(compiled, (self.q, self.k, self.v), repeats=repeats)[0]))

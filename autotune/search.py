@@ -1,12 +1,7 @@
 """The search: an Optuna study over the search space, measured through a supervisor.
 
 Per job one study (ask-and-tell, so invalid points are never measured):
- - samplers: ``tpe`` (default: :class:`autotune.strategy.LocalSearchSampler`, a
-   best-improvement descent from the warm start over one-step neighbours, then
-   multivariate TPE interleaved with local steps around the best configs),
-   ``tpe-plain`` (multivariate TPE alone; both read the trials' constraint, so
-   failed and invalid regions are learned as infeasible), ``random``, ``grid``,
-   ``gp`` (Optuna's GP sampler; needs torch) and ``brute`` (every point, in order);
+ - samplers by name (:mod:`autotune.samplers`; ``tpe`` by default);
  - warm start: the kernel's heuristic config and any given seed configs are
    enqueued first (``enqueue_trial``);
  - the same params are never measured twice: a repeated proposal is answered
@@ -23,21 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import optuna
 
-from autotune.measure import Measurement, config_key
-from autotune.space import SearchSpace
-from autotune.strategy import LocalSearchSampler
+from autotune.measure import Measurement, RunStats
+from autotune.samplers import PENALTY_MS, make_sampler
+from autotune.space import ParamCoding, SearchSpace
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 
-SAMPLERS = ("tpe", "tpe-plain", "random", "grid", "gp", "brute")
-PENALTY_MS = 1e9  # objective of infeasible points (never compared with real times)
 MAX_STALE_ASKS = 25
 
 
@@ -100,93 +92,25 @@ class SearchResult:
     repeated: int = 0
 
     @property
+    def best_stats(self) -> RunStats | None:
+        """Statistics of the winner's re-timed runs."""
+        return RunStats.of(self.best_runs_ms)
+
+    @property
     def best_median_ms(self) -> float | None:
-        return float(np.median(self.best_runs_ms)) if self.best_runs_ms else None
+        stats = self.best_stats
+        return stats.median_ms if stats else None
 
     @property
     def best_spread(self) -> float | None:
-        if not self.best_runs_ms:
-            return None
-        runs = np.asarray(self.best_runs_ms)
-        return float((np.percentile(runs, 90) - np.percentile(runs, 10)) / np.median(runs))
+        stats = self.best_stats
+        return stats.spread if stats else None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for t in self.trials:
             out[t.measurement.status] = out.get(t.measurement.status, 0) + 1
         return out
-
-
-class ParamCoding:
-    """How configs look to the sampler: tile sizes as ordinal indices into their sorted
-    choices (so TPE and GP can exploit that neighbouring sizes perform alike), the rest
-    as categories."""
-
-    ORDINAL = ("block_q", "block_kv", "block_kv_compute")
-
-    def __init__(self, space: SearchSpace) -> None:
-        self.space = space
-        self.dims = {k: tuple(sorted(v)) if k in self.ORDINAL else tuple(v) for k, v in space.dimensions().items()}
-
-    def is_ordinal(self, name: str) -> bool:
-        return name in self.ORDINAL and len(self.dims[name]) > 1
-
-    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
-        out: dict[str, optuna.distributions.BaseDistribution] = {}
-        for name, choices in self.dims.items():
-            if self.is_ordinal(name):
-                out[name] = optuna.distributions.IntDistribution(0, len(choices) - 1)
-            else:
-                out[name] = optuna.distributions.CategoricalDistribution(list(choices))
-        return out
-
-    def grid(self) -> dict[str, list[Any]]:
-        return {k: list(range(len(v))) if self.is_ordinal(k) else list(v) for k, v in self.dims.items()}
-
-    def decode(self, params: dict[str, Any]) -> TileConfig:
-        values = {k: self.dims[k][int(v)] if self.is_ordinal(k) else v for k, v in params.items()}
-        return self.space.config_from(values)
-
-    def encode(self, config: TileConfig) -> dict[str, Any] | None:
-        """Sampler params of ``config``, or None if it lies outside the dimensions."""
-        params = self.space.params_of(config)
-        out: dict[str, Any] = {}
-        for name, choices in self.dims.items():
-            if params[name] not in choices:
-                return None
-            out[name] = choices.index(params[name]) if self.is_ordinal(name) else params[name]
-        return out
-
-
-class _AskTellGridSampler(optuna.samplers.GridSampler):
-    """GridSampler without its Study.stop() at the end of the grid: stop() only works
-    inside optimize(), and the ask-and-tell loop ends by itself when every point is seen."""
-
-    def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
-        return None
-
-
-def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
-    """TPE and GP read each trial's ``infeasible`` constraint (set by :func:`_tell`); ``tpe``
-    is TPE wrapped in the local search of :mod:`autotune.strategy`, ``tpe-plain`` TPE alone."""
-    if name in ("tpe", "tpe-plain"):
-        tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
-        return tpe if name == "tpe-plain" else LocalSearchSampler(space, tpe, seed=seed, penalty=PENALTY_MS)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        return _AskTellGridSampler(ParamCoding(space).grid(), seed=seed)
-    if name == "brute":
-        with warnings.catch_warnings():  # experimental since Optuna 3.1, stable enough for a plain sweep
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.BruteForceSampler(seed=seed)
-    if name == "gp":
-        try:
-            import torch  # noqa: F401  # Optuna's GP sampler is built on torch
-        except ImportError:
-            raise ValueError("sampler 'gp' needs torch: pip install 'tiletune[gp]'") from None
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials)
-    raise ValueError(f"sampler must be one of {SAMPLERS}, got {name!r}")
 
 
 def run_search(
@@ -210,19 +134,19 @@ def run_search(
     ``finalize=False`` skips re-timing the top configs (a job's finalizer re-times
     the finalists of every worker, see :func:`pick_winner`).
     """
-    o = options or SearchOptions()
+    options = options or SearchOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     coding = ParamCoding(space)
     distributions = coding.distributions()
     study = optuna.create_study(
         direction="minimize",
-        sampler=make_sampler(o.sampler, space, o.seed, o.startup_trials),
+        sampler=make_sampler(options.sampler, space, options.seed, options.startup_trials),
         storage=storage,
         study_name=study_name,
         load_if_exists=study_name is not None,
     )
-    if o.warm_start and o.sampler not in ("grid", "brute"):
-        warm = [heuristic_config(space.pattern, space.backend, space.workload.dtype), *o.seed_configs]
+    if options.warm_start and options.sampler not in ("grid", "brute"):
+        warm = [heuristic_config(space.pattern, space.backend, space.workload.dtype), *options.seed_configs]
         for config in warm:
             encoded = coding.encode(config)
             if encoded is not None:
@@ -230,7 +154,7 @@ def run_search(
 
     result = SearchResult(trials=[], best=None)
     known: dict[str, tuple[float, bool]] = {}
-    unmeasured = {config_key(c): c for c in space.enumerate()}
+    unmeasured = {c.key: c for c in space.enumerate()}
     best_ms: float | None = None
     if coordinator is not None:  # a resumed or shared job: what is measured stays measured
         for key, m in coordinator.measured().items():
@@ -238,9 +162,9 @@ def run_search(
             unmeasured.pop(key, None)
             if m.status == "ok" and m.median_ms is not None and (best_ms is None or m.median_ms < best_ms):
                 best_ms = m.median_ms
-    deadline = time.monotonic() + o.timeout_s if o.timeout_s else None
-    budget = min(o.trials, len(unmeasured))
-    rng = np.random.default_rng(o.seed)
+    deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
+    budget = min(options.trials, len(unmeasured))
+    rng = np.random.default_rng(options.seed)
     stale = 0  # asks in a row that measured nothing
     while coordinator is not None or len(result.trials) < budget:
         if deadline is not None and time.monotonic() > deadline:
@@ -258,7 +182,7 @@ def run_search(
             stale = 0
         trial = study.ask(distributions)
         config = coding.decode(trial.params)
-        key = config_key(config)
+        key = config.key
         if key in known:
             value, feasible = known[key]
             result.repeated += 1
@@ -295,7 +219,7 @@ def run_search(
                 continue
         stale = 0
         unmeasured.pop(key, None)
-        prune_above = best_ms * o.prune_factor if (o.prune and best_ms is not None) else None
+        prune_above = best_ms * options.prune_factor if (options.prune and best_ms is not None) else None
         try:
             measurement = measurer.measure(config, prune_above)
         except BaseException:  # abandoned (or interrupted): the asked trial must not stay RUNNING in the study
@@ -313,7 +237,7 @@ def run_search(
         if on_trial is not None:
             on_trial(record, result)
     if finalize:
-        pick_winner(result, measurer, o)
+        pick_winner(result, measurer, options)
     return result
 
 
@@ -328,19 +252,24 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, feasible: bool
     study.tell(trial, value)
 
 
-def pick_winner(result: SearchResult, measurer: Measurer, o: SearchOptions) -> None:
-    """Re-time the top ``o.top_k`` ok trials of ``result`` in interleaved rounds; the best
+def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions) -> None:
+    """Re-time the top ``options.top_k`` ok trials of ``result`` in interleaved rounds; the best
     median wins (``result.best``, with its runs in ``result.best_runs_ms``)."""
     ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
-    finalists = ok[: max(1, o.top_k)]
+    finalists = ok[: max(1, options.top_k)]
     if not finalists:
         result.best = None
         return
     runs: dict[int, list[float]] = {t.number: [] for t in finalists}
-    for _ in range(o.retime_rounds):
+    for _ in range(options.retime_rounds):
         for t in finalists:
-            runs[t.number] += measurer.retime(t.config, o.retime_runs)
-    scored = [(float(np.median(runs[t.number])) if runs[t.number] else float("inf"), t) for t in finalists]
+            runs[t.number] += measurer.retime(t.config, options.retime_runs)
+
+    def median(number: int) -> float:
+        stats = RunStats.of(runs[number])
+        return stats.median_ms if stats else float("inf")
+
+    scored = [(median(t.number), t) for t in finalists]
     scored.sort(key=lambda pair: pair[0])
     result.finalists = [(t.config, tuple(runs[t.number])) for _, t in scored]
     result.best = scored[0][1]

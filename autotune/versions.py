@@ -1,6 +1,6 @@
 """The software versions recorded with every result and sent with every lookup.
 
-Kept apart from :mod:`autotune.tune` so the library client can read them without
+Kept apart from :mod:`server.worker.tune` so the library client can read them without
 importing the search (Optuna) or the service (SQLAlchemy).
 """
 

@@ -24,8 +24,10 @@ from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.placement import TokenPlacement, round_up
+from kernel.workload import BACKENDS
 
-BACKENDS: tuple[str, ...] = ("auto", "tpu", "interpret", "xla")
+# What a caller may ask for: a concrete backend, or "auto" (tpu on a TPU, else xla).
+BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKENDS)
 
 ConfigResolver = Callable[[SparsityPattern, tuple[int, ...], str, str], TileConfig | None]
 _resolver: ConfigResolver | None = None
@@ -45,8 +47,8 @@ def set_config_resolver(resolver: ConfigResolver | None) -> None:
 def resolve_backend(backend: str, platform: str | None = None) -> str:
     """The concrete backend of ``backend`` on ``platform`` (default: this process's
     ``jax.default_backend()``, which initialises JAX's backends)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in BACKEND_CHOICES:
+        raise ValueError(f"backend must be one of {BACKEND_CHOICES}, got {backend!r}")
     platform = platform or jax.default_backend()
     if backend == "auto":
         return "tpu" if platform == "tpu" else "xla"

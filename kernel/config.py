@@ -9,6 +9,10 @@ multiples) are checked separately by :meth:`TileConfig.check_tpu`, because the
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
 from math import lcm
 from typing import Any, Literal
 
@@ -26,6 +30,13 @@ HEAD_GROUPINGS: tuple[str, ...] = ("all", "by_pattern")
 TPU_LANES = 128
 TPU_SUBLANES = {"float32": 8, "bfloat16": 16}
 MAX_BLOCK = 1 << 16
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """Stable hash of a config's params (``TileConfig.to_dict()``): "the same params" of a
+    study, of a job's trial reservations and of a recorded table."""
+    text = json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +111,11 @@ class TileConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @functools.cached_property  # frozen: computed once
+    def key(self) -> str:
+        """:func:`params_key` of this config."""
+        return params_key(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TileConfig:

@@ -37,6 +37,42 @@ from kernel.tile_mask import static_head_params, tile_mask
 from kernel.xla_backend import MASK_VALUE
 
 HEAD_PARAMS = 4  # kind code, window, sink, placement index
+TPU_LANES = 128  # a (rows, 1) f32 scratch occupies a whole 128-lane row of VMEM per sublane
+
+
+def vmem_bytes(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int, itemsize: int) -> int:
+    """VMEM one grid step of :func:`pallas_block_sparse` holds, from its BlockSpecs and scratch:
+    the q, k, v input blocks and the output block, each double-buffered by the pipeline; the
+    f32 online-softmax scratch (m and l lane-padded, the accumulator); and the f32 score,
+    probability and mask tiles of one ``block_kv_compute`` sub-block."""
+    blocks = 2 * (block_q * head_dim + 2 * block_kv * head_dim) * itemsize + 2 * block_q * head_dim * itemsize
+    scratch = 2 * block_q * TPU_LANES * 4 + block_q * head_dim * 4
+    scores = 3 * block_q * block_kv_compute * 4
+    return blocks + scratch + scores
+
+
+def scalar_prefetch(tables: BlockTables, head_params: np.ndarray, variant: str) -> tuple[np.ndarray, ...]:
+    """The int32 arrays the kernel scalar-prefetches into SMEM, in call order.
+
+    ``compact``: the step list (row ids, kv index * 2 + full flag) and the head
+    parameters; ``naive``/``split``: the kind of every tile of the dense grid and
+    the head parameters.
+    """
+    params = np.ascontiguousarray(head_params.reshape(-1), np.int32)
+    if variant == "compact":
+        step_row, step_kv = compact_steps(tables)
+        return step_row, step_kv, params
+    kinds = np.stack([tables.kinds(h) for h in range(tables.num_heads)]).astype(np.int32).reshape(-1)
+    return kinds, params
+
+
+def scalar_prefetch_bytes(tables: BlockTables, head_params: np.ndarray, variant: str) -> int:
+    """``sum(a.nbytes for a in scalar_prefetch(...))`` without building the arrays (the dense
+    grid's table of a long sequence is large; the budget check asks for thousands of configs)."""
+    if variant == "compact":
+        steps = max(1, sum(t.num_tiles for t in tables.heads))
+        return 2 * steps * 4 + head_params.size * 4
+    return tables.num_heads * tables.num_q_blocks * tables.num_kv_blocks * 4 + head_params.size * 4
 
 
 def compact_steps(tables: BlockTables) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +103,7 @@ def pallas_block_sparse(
     bq, bkv, bkvc = tables.block_q, tables.block_kv, config.block_kv_compute
     nq, nk = tables.num_q_blocks, tables.num_kv_blocks
     static_params = static_head_params(head_params)
-    hp_flat = jnp.asarray(head_params.reshape(-1), jnp.int32)
+    prefetch = tuple(jnp.asarray(a) for a in scalar_prefetch(tables, head_params, config.variant))
     f32_dot = q.dtype == jnp.float32
     precision = jax.lax.Precision.HIGHEST if f32_dot else None
 
@@ -130,8 +166,7 @@ def pallas_block_sparse(
     ]
 
     if config.variant == "compact":
-        step_row, step_kv = compact_steps(tables)
-        num_steps = int(step_row.shape[0])
+        num_steps = int(prefetch[0].shape[0])
 
         def compact_kernel(
             row_ref: Any,
@@ -190,10 +225,8 @@ def pallas_block_sparse(
             scratch_shapes=scratch,
         )
         semantics: tuple[Any, ...] = ("parallel", "arbitrary")
-        prefetch: tuple[Any, ...] = (jnp.asarray(step_row), jnp.asarray(step_kv), hp_flat)
         kernel_fn: Any = compact_kernel
     else:
-        kinds = np.stack([tables.kinds(h) for h in range(H)]).astype(np.int32).reshape(-1)
         masked_full = config.variant == "naive"
 
         def dense_grid_kernel(
@@ -245,7 +278,6 @@ def pallas_block_sparse(
             scratch_shapes=scratch,
         )
         semantics = ("parallel", "parallel", "parallel", "arbitrary")
-        prefetch = (jnp.asarray(kinds), hp_flat)
         kernel_fn = dense_grid_kernel
 
     call = pl.pallas_call(

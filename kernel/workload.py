@@ -4,6 +4,12 @@ A workload is the device kind, backend, dtype, batch, head_dim, the
 SparsityPattern (which fixes heads and sequence length) and the kernel's
 version. Software versions (jax, jaxlib, libtpu) are *not* part of it: a result
 measured under other versions is still served, marked stale.
+
+This module owns the one JSON form of a workload: :meth:`Workload.canonical`
+writes it (the API's workload object, the stored spec, the client's lookup body
+and a recorded table's header are all this form) and :meth:`Workload.from_dict`
+reads it, also in the ``preset`` shorthand the API accepts. The key of a
+workload is a hash of the canonical form (:data:`KEY_PATTERN`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import functools
 import hashlib
 import json
 import math
-from typing import Any
+import re
+from typing import Any, Literal, get_args
 
 from kernel.pattern import SparsityPattern
 
@@ -21,10 +28,16 @@ from kernel.pattern import SparsityPattern
 # another kernel version then belong to another workload key.
 KERNEL_VERSION = "1"
 
-BACKENDS = ("tpu", "xla", "interpret")
-DTYPES = ("float32", "bfloat16")
+# The concrete backends a workload is tuned and served for (the kernel also takes
+# "auto", which resolves to one of these on the machine at hand).
+Backend = Literal["tpu", "xla", "interpret"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+Dtype = Literal["float32", "bfloat16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 MAX_BATCH = 4096
 MAX_HEAD_DIM = 1024
+KEY_PATTERN = r"^[0-9a-f]{32}$"  # Workload.key: the first 32 hex digits of a SHA-256
+KEY_RE = re.compile(KEY_PATTERN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Workload:
         return f"{self.dtype}|{','.join(kinds)}|{text}"
 
     def canonical(self) -> dict[str, Any]:
+        """The workload's one JSON form (see the module docstring); its hash is :attr:`key`."""
         return {
             "device_kind": self.device_kind,
             "backend": self.backend,
@@ -81,16 +95,48 @@ class Workload:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workload:
-        known = {"device_kind", "backend", "dtype", "batch", "head_dim", "pattern", "kernel_version"}
-        unknown = set(data) - known
+        """A workload from its JSON form: the canonical one, or with ``"preset": NAME``
+        instead of ``pattern`` (the preset's pattern at ``heads`` heads, default its
+        heads per chip; ``head_dim`` defaults to the preset's). ``heads`` and
+        ``seq_len``, when given, are checked against the pattern. Errors name the field."""
+        from kernel.presets import PRESETS, get_preset
+
+        known = {"device_kind", "backend", "dtype", "batch", "head_dim", "pattern", "preset", "heads", "seq_len"}
+        unknown = set(data) - known - {"kernel_version"}
         if unknown:
             raise ValueError(f"workload: unknown field(s) {sorted(unknown)}")
-        missing = {"device_kind", "backend", "dtype", "batch", "head_dim", "pattern"} - set(data)
+        missing = {"device_kind", "backend", "dtype", "batch"} - set(data)
         if missing:
             raise ValueError(f"workload: missing field(s) {sorted(missing)}")
-        fields = dict(data)
-        fields["pattern"] = SparsityPattern.from_dict(data["pattern"])
-        return cls(**fields)
+        if ("pattern" in data) == ("preset" in data):
+            raise ValueError("give exactly one of 'pattern' or 'preset'")
+        head_dim = data.get("head_dim")
+        heads = data.get("heads")
+        if "preset" in data:
+            name = data["preset"]
+            if name not in PRESETS:
+                raise ValueError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+            preset = get_preset(name)
+            pattern = preset.pattern(heads)
+            head_dim = head_dim or preset.head_dim
+        else:
+            pattern = SparsityPattern.from_dict(data["pattern"])
+        if head_dim is None:
+            raise ValueError("head_dim: required when no preset is given")
+        if heads is not None and heads != pattern.num_heads:
+            raise ValueError(f"heads: {heads} != the pattern's {pattern.num_heads} heads")
+        seq_len = data.get("seq_len")
+        if seq_len is not None and seq_len != pattern.seq_len:
+            raise ValueError(f"seq_len: {seq_len} != frames*tokens_per_frame + text_tokens = {pattern.seq_len}")
+        return cls(
+            data["device_kind"],
+            data["backend"],
+            data["dtype"],
+            data["batch"],
+            head_dim,
+            pattern,
+            data.get("kernel_version", KERNEL_VERSION),
+        )
 
     def features(self) -> dict[str, float]:
         """The numbers the nearest-neighbour distance compares (stored as columns)."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from server.db import make_engine
-from server.migrate import include_object
-from server.models import Base
 from server.settings import get_settings
+from server.store.db import make_engine
+from server.store.migrate import include_object
+from server.store.models import Base
 
 VERSION_TABLE = "tiletune_alembic_version"
 config = context.config

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from server.db import Database
-from server.migrate import upgrade
+from server.store.db import Database
+from server.store.migrate import upgrade
 
 
 @pytest.fixture

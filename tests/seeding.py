@@ -18,8 +18,8 @@ import numpy as np
 from kernel.config import TileConfig
 from kernel.presets import get_preset
 from kernel.workload import Workload
-from server import jobs, store
-from server.db import Database
+from server.store import models, queue, records, workloads
+from server.store.db import Database
 
 VERSIONS = {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": None}
 BLOCKS = (32, 64, 128, 256)
@@ -41,9 +41,9 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
     other = Workload(device_kind, "xla", "float32", 1, p.head_dim, p.pattern(p.heads_per_chip + 2))
     rng = np.random.default_rng(7)
     statuses: dict[str, int] = {}
-    with db.sessions() as session:
-        row = store.workload_row(session, wl)
-        job, _ = jobs.enqueue_job(session, row, budget=48, requested_by="seed")
+    with db.transaction() as session:
+        row = workloads.workload_row(session, wl)
+        job, _ = queue.enqueue_job(session, row, budget=48, requested_by="seed")
         number = 0
         best: tuple[float, TileConfig, int] | None = None
         grid = itertools.product(("compact", "naive"), ("temporal_major", "frame_major"), BLOCKS, BLOCKS)
@@ -66,12 +66,12 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
                     "wrong": "max error 3.1e-01 > 2e-05",
                     "pruned": "median after 2 runs above 1.5x the best",
                 }[status]
-            trial = store.record_trial(session, row, config.to_dict(), status, **fields)
+            trial = records.record_trial(session, row, config.to_dict(), status, **fields)
             statuses[status] = statuses.get(status, 0) + 1
             if status == "ok" and (best is None or ms < best[0]):
                 best = (ms, config, trial.id)
             number += 1
-        store.record_trial(
+        records.record_trial(
             session,
             row,
             TileConfig("compact", 256, 32, 0, "temporal_major", "frame", "all").to_dict(),
@@ -82,7 +82,7 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
         statuses["invalid"] = 1
         assert best is not None
         ms, winner, trial_id = best
-        store.publish_tuned_config(
+        records.publish_tuned_config(
             session,
             row,
             winner.to_dict(),
@@ -91,19 +91,20 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
             p90_ms=ms * 1.08,
             dense_ms=DENSE_MS,
             versions=VERSIONS,
-            trial=session.get(store.models.Trial, trial_id),
+            trial=session.get(models.Trial, trial_id),
         )
         job.status = "done"
         session.commit()
-        other_row = store.workload_row(session, other)
-        jobs.enqueue_job(session, other_row, budget=32, requested_by="seed")
-        claimed = jobs.claim_job(session, "seed-worker", device_kind=device_kind, backend="xla")
+        other_row = workloads.workload_row(session, other)
+        queue.enqueue_job(session, other_row, budget=32, requested_by="seed")
+        claimed = queue.claim_job(session, "seed-worker", device_kind=device_kind, backend="xla")
         assert claimed is not None and claimed.workload_id == other_row.id
-        done = jobs.reserve_trial(session, claimed.id, "seed-worker", winner.to_dict(), number=0)
+        done = queue.reserve_trial(session, claimed.id, "seed-worker", winner.to_dict(), number=0)
         assert done.verdict == "reserved" and done.trial_id is not None
-        assert jobs.complete_trial(
+        assert queue.complete_trial(
             session, done.trial_id, "seed-worker", "ok", median_ms=31.5, p10_ms=30.9, p90_ms=33.0
         )
         smaller = dataclasses.replace(winner, block_q=winner.block_q // 2)
-        assert jobs.reserve_trial(session, claimed.id, "seed-worker", smaller.to_dict(), number=1).verdict == "reserved"
+        running = queue.reserve_trial(session, claimed.id, "seed-worker", smaller.to_dict(), number=1)
+        assert running.verdict == "reserved"
     return Seeded(wl.key, other.key, number + 1, winner, statuses)

@@ -11,7 +11,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, cast
 
 import httpx
@@ -99,8 +99,9 @@ class TileClient:
         self._enqueue = self.settings.enqueue and self.settings.token is not None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TileClient:
-        return cls(ClientSettings.from_env(environ, **overrides))
+    def from_env(cls, **overrides: Any) -> TileClient:
+        """A client on the ``TILETUNE_*`` variables, keyword options overriding them."""
+        return cls(ClientSettings.from_env(**overrides))
 
     # ------------------------------------------------------------ the kernel's resolver
 
@@ -317,7 +318,7 @@ class TileClient:
     # ------------------------------------------------------------ the server
 
     def _ask_server(self, wl: Workload, key: str, *, enqueue: bool | None = None) -> Answer:
-        body: dict[str, Any] = {"workload": _workload_json(wl), "versions": _versions()}
+        body: dict[str, Any] = {"workload": wl.canonical(), "versions": _versions()}
         want_enqueue = self._enqueue if enqueue is None else enqueue
         if want_enqueue:
             body["enqueue"] = True
@@ -471,19 +472,6 @@ class TileClient:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _workload_json(wl: Workload) -> dict[str, Any]:
-    """The API's workload object (server.schemas.WorkloadSpec) of ``wl``."""
-    return {
-        "device_kind": wl.device_kind,
-        "backend": wl.backend,
-        "dtype": wl.dtype,
-        "batch": wl.batch,
-        "head_dim": wl.head_dim,
-        "pattern": wl.pattern.canonical(),
-        "kernel_version": wl.kernel_version,
-    }
 
 
 def _message(response: httpx.Response) -> str:

@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 
 import autotune.client as tt_client
-from autotune.bench_client import hanging_server
 from autotune.client import (
     CircuitBreaker,
     ClientConfigError,
@@ -42,10 +41,11 @@ from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import reference_attention
 from kernel.workload import Workload
-from server import jobs, store
-from server.bench_service import APP_TARGET, serving
-from server.db import Database
-from server.migrate import upgrade
+from server.bench.client import hanging_server
+from server.bench.service import APP_TARGET, serving
+from server.store import models, queue, records, tokens, workloads
+from server.store.db import Database
+from server.store.migrate import upgrade
 from tests.serving import free_port
 
 PATTERN = SparsityPattern.grouped(
@@ -72,9 +72,9 @@ class Served:
     db: Database
 
     def publish(self, wl: Workload, config: TileConfig, versions: dict[str, Any] | None = None) -> int:
-        with self.db.sessions() as session:
-            row = store.workload_row(session, wl)
-            tuned = store.publish_tuned_config(
+        with self.db.transaction() as session:
+            row = workloads.workload_row(session, wl)
+            tuned = records.publish_tuned_config(
                 session, row, config.to_dict(), median_ms=1.0, versions=versions or software_versions()
             )
             return tuned.id
@@ -92,8 +92,8 @@ class Served:
         return list(httpx.get(self.base_url + "/v1/jobs", timeout=10).json()["items"])
 
     def writer_token(self, name: str = "client-test") -> str:
-        with self.db.sessions() as session:
-            return store.create_token(session, name, "writer")
+        with self.db.transaction() as session:
+            return tokens.create_token(session, name, "writer")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_import_is_light() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def test_settings_from_env_name_the_variable(tmp_path: Path) -> None:
+def test_settings_from_env_name_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {
         "TILETUNE_SERVER_URL": "http://127.0.0.1:9/",
         "TILETUNE_TOKEN": "tt_x",
@@ -196,23 +196,32 @@ def test_settings_from_env_name_the_variable(tmp_path: Path) -> None:
         "TILETUNE_SNAPSHOT": "12",
         "TILETUNE_ENQUEUE": "false",
     }
-    s = ClientSettings.from_env(env)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    s = ClientSettings.from_env()
     assert (s.server_url, s.token, s.timeout_s, s.cache_dir) == ("http://127.0.0.1:9", "tt_x", 0.5, tmp_path)
     assert (s.miss_policy, s.snapshot, s.enqueue) == ("wait", 12, False)
-    assert ClientSettings.from_env({"TILETUNE_CACHE_DIR": "none"}).cache_dir is None
-    assert ClientSettings.from_env(env, timeout_s=3.0).timeout_s == 3.0
+    assert ClientSettings.from_env(timeout_s=3.0).timeout_s == 3.0  # options win over variables
+    assert ClientSettings().server_url is None  # a client built from options reads no variable
+    monkeypatch.setenv("TILETUNE_CACHE_DIR", "none")
+    assert ClientSettings.from_env().cache_dir is None
     for var, value in [
         ("TILETUNE_CLIENT_TIMEOUT", "soon"),
         ("TILETUNE_CLIENT_TIMEOUT", "-1"),
+        ("TILETUNE_CLIENT_TIMEOUT", "inf"),
         ("TILETUNE_MISS_POLICY", "pray"),
         ("TILETUNE_SNAPSHOT", "latest"),
         ("TILETUNE_SERVER_URL", "127.0.0.1:8000"),
         ("TILETUNE_ENQUEUE", "maybe"),
     ]:
-        with pytest.raises(ClientConfigError, match=var):
-            ClientSettings.from_env({var: value})
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            with pytest.raises(ClientConfigError, match=var):
+                ClientSettings.from_env()
     with pytest.raises(ClientConfigError, match="miss_policy"):
         TileClient(miss_policy="sometimes")
+    with pytest.raises(ClientConfigError, match="retries"):
+        TileClient(retries=True)
 
 
 # ---------------------------------------------------------------- the server path
@@ -256,8 +265,8 @@ def test_miss_with_enqueue_queues_a_job(served: Served, make_client: Any) -> Non
 
 
 def test_a_token_that_may_not_queue_only_looks_up(served: Served, make_client: Any) -> None:
-    with served.db.sessions() as session:
-        token = store.create_token(session, "a-worker", "worker")
+    with served.db.transaction() as session:
+        token = tokens.create_token(session, "a-worker", "worker")
     client = make_client(server_url=served.base_url, token=token)
     answer = client.lookup(workload())
     assert answer.source == "heuristic" and answer.origin == "server" and served.jobs() == []
@@ -602,17 +611,17 @@ def _worker(served: Served, config: TileConfig, stop: threading.Event) -> thread
     """Claims the first queued job, publishes ``config`` as its result and finishes it."""
 
     def run() -> None:
-        with served.db.sessions() as session:
-            while not stop.is_set():
-                job = jobs.claim_job(session, "test-worker", device_kind="cpu", backend="xla")
-                if job is None:
-                    time.sleep(0.05)
-                    continue
-                row = session.get(store.models.Workload, job.workload_id)
-                assert row is not None
-                store.publish_tuned_config(session, row, config.to_dict(), median_ms=1.0, versions=software_versions())
-                jobs.finish_job(session, job.id, "test-worker", "done")
-                return
+        while not stop.is_set():
+            with served.db.transaction() as session:
+                job = queue.claim_job(session, "test-worker", device_kind="cpu", backend="xla")
+                if job is not None:
+                    row = session.get(models.Workload, job.workload_id)
+                    assert row is not None
+                    versions = software_versions()
+                    records.publish_tuned_config(session, row, config.to_dict(), median_ms=1.0, versions=versions)
+                    queue.finish_job(session, job.id, "test-worker", "done")
+                    return
+            time.sleep(0.05)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

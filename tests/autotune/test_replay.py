@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from autotune.bench_search import record_table, replay
-from autotune.cli import app as cli
-from autotune.measure import MeasureOptions, config_key
-from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.measure import MeasureOptions
+from autotune.replay import TABLES as TABLES_DIR
+from autotune.replay import RecordedTable, ReplayMeasurer, record_table
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.workload import Workload
+from server.bench.search import replay
+from server.cli import app as cli
 
-TABLES = sorted((Path(__file__).parent.parent / "fixtures" / "tables").glob("*.xla.json"))
+TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
 
 
 def test_at_least_three_committed_tables_are_exhaustive_and_valid() -> None:
@@ -29,7 +29,7 @@ def test_at_least_three_committed_tables_are_exhaustive_and_valid() -> None:
         table = RecordedTable.load(path)
         space = table.space()
         assert table.backend == "xla" and table.device_kind == "cpu"
-        assert {config_key(c) for c in space.enumerate()} == set(table.entries)  # every valid point, once
+        assert {c.key for c in space.enumerate()} == set(table.entries)  # every valid point, once
         _, best = table.best
         assert best.status == "ok" and best.max_error is not None and best.max_error <= 2e-5
         assert table.dense_ms and table.dense_ms > 0

@@ -1,4 +1,4 @@
-"""The default strategy (TPE with a local search, autotune.strategy): the local step proposes
+"""The default strategy (TPE with a local search, autotune.samplers.local_search): the local step proposes
 unmeasured valid one-step neighbours, starting at the warm start, its state lives in the study,
 and on the committed tables it gets within 2% of the best in at most a fifth of the table."""
 
@@ -10,17 +10,18 @@ from typing import Any
 import optuna
 import pytest
 
-from autotune.bench_search import WITHIN
-from autotune.measure import config_key
+from autotune.replay import TABLES as TABLES_DIR
 from autotune.replay import RecordedTable, ReplayMeasurer
-from autotune.search import PENALTY_MS, ParamCoding, SearchOptions, make_sampler, run_search
-from autotune.space import SearchSpace
-from autotune.strategy import CENTRE_ATTR, PROPOSAL_ATTR, LocalSearchSampler
+from autotune.samplers import PENALTY_MS, make_sampler
+from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR, LocalSearchSampler
+from autotune.search import SearchOptions, run_search
+from autotune.space import ParamCoding, SearchSpace
 from kernel.heuristic import heuristic_config
+from server.bench.search import WITHIN
 
 from .test_search import WORKLOAD, FakeMeasurer
 
-TABLES = sorted((Path(__file__).parent.parent / "fixtures" / "tables").glob("*.xla.json"))
+TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
 # The tables the strategy was chosen on (any other committed table is a held-out check, see the README).
 TUNED_ON = ("cpu-demo", "small-mixed", "text-prefix-spatial")
 
@@ -50,8 +51,8 @@ def test_the_descent_starts_at_the_warm_start_and_only_steps_to_unmeasured_valid
     for t in local:
         assert _is_neighbour(coding, t.system_attrs[CENTRE_ATTR], t.params)
         assert space.violation(coding.decode(t.params)) is None
-        earlier = {config_key(coding.decode(u.params)) for u in trials if u.number < t.number}
-        assert config_key(coding.decode(t.params)) not in earlier
+        earlier = {coding.decode(u.params).key for u in trials if u.number < t.number}
+        assert coding.decode(t.params).key not in earlier
 
 
 def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp_path: Any) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from server import store
-from server.db import Database
-from server.migrate import upgrade
+from server.store import tokens
+from server.store.db import Database
+from server.store.migrate import upgrade
 from tests.e2e.browser import CHROMEDRIVER, CHROMIUM, ensure_chromium
 from tests.seeding import Seeded, seed_tuned_workload
 from tests.serving import tiletune_serve
@@ -77,8 +77,8 @@ def served_ui(tmp_path: Path) -> Iterator[Served]:
     upgrade(url)
     db = Database(url)
     seeded = seed_tuned_workload(db)
-    with db.sessions() as session:
-        token = store.create_token(session, "browser", "writer")
+    with db.transaction() as session:
+        token = tokens.create_token(session, "browser", "writer")
     db.dispose()
     with tiletune_serve(url, tmp_path / "server.log", {"TILETUNE_REQUIRE_READ_TOKEN": "true"}) as base:
         yield Served(base, token, seeded)

@@ -17,7 +17,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from typer.testing import CliRunner
 
-from autotune.cli import app as cli
+from server.cli import app as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -6,10 +6,7 @@ config that runs exactly. Clients read the service all along: no 5xx, and no
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,16 +17,16 @@ import jax
 import numpy as np
 import pytest
 
-from autotune.tune import software_versions
+from autotune.versions import software_versions
 from kernel.attention import sparse_attention
 from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import reference_attention
-from server import models, store
-from server.db import Database
-from server.migrate import upgrade
-from tests.serving import free_port
+from server.bench.harness import Child, child_env, free_port, tiletune_command
+from server.store import models, tokens
+from server.store.db import Database
+from server.store.migrate import upgrade
 
 SMALL = {
     "device_kind": "cpu",
@@ -42,6 +39,7 @@ SMALL = {
     },
 }
 CPU_DEMO = {"device_kind": "cpu", "backend": "xla", "dtype": "float32", "preset": "cpu-demo"}
+DEMO_TRIALS = 8
 
 
 class Reader(threading.Thread):
@@ -89,30 +87,16 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     upgrade(url)
     db = Database(url)
-    with db.sessions() as session:
-        token = store.create_token(session, "e2e", "writer")
+    with db.transaction() as session:
+        token = tokens.create_token(session, "e2e", "writer")
     db.dispose()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     logs = tmp_path / "logs"
-    env = {**os.environ, "TILETUNE_JOB_BUDGET_DEFAULT": "6"}  # the lookup-miss job: small budget
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autotune.cli",
-            "up",
-            "--database-url",
-            url,
-            "--port",
-            str(port),
-            "--log-dir",
-            str(logs),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    env = child_env({"TILETUNE_JOB_BUDGET_DEFAULT": "6"})  # the lookup-miss job: small budget
+    # A short demo job proves the same path as the default 40 trials: claimed, searched, re-timed, published.
+    argv = ["up", "--database-url", url, "--port", str(port), "--trials", str(DEMO_TRIALS), "--log-dir", str(logs)]
+    up = Child("up", tiletune_command(*argv), env=env)
     versions = {k: v for k, v in software_versions().items() if v is not None}
     reader = Reader(base, versions)
     try:
@@ -124,7 +108,7 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
                         break
                 except (httpx.HTTPError, ValueError, KeyError):
                     pass
-                assert up.poll() is None and time.monotonic() < deadline, up.stdout.read().decode()  # type: ignore[union-attr]
+                assert up.poll() is None and time.monotonic() < deadline, up.output()
                 time.sleep(0.5)
             reader.start()
             (demo_job,) = client.get("/v1/jobs").json()["items"]
@@ -136,7 +120,7 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
             assert miss["source"] == "heuristic" and miss["job_id"] is not None
             demo = wait_done(client, demo_job["id"], 600)
             small = wait_done(client, miss["job_id"], 300)
-            assert demo["status"] == "done" and demo["trials"] == 40, demo
+            assert demo["status"] == "done" and demo["trials"] == DEMO_TRIALS, demo
             assert small["status"] == "done" and small["trials"] == 6, small
             hit = client.post("/v1/lookup", json={"workload": SMALL, "versions": versions}).json()
             demo_hit = client.post("/v1/lookup", json={"workload": CPU_DEMO, "versions": versions}).json()
@@ -145,12 +129,11 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
     finally:
         reader.stop.set()
         reader.join(30)
-        up.send_signal(signal.SIGINT)
-        try:
-            output = up.communicate(timeout=120)[0].decode(errors="replace")
-        except subprocess.TimeoutExpired:
+        up.signal(signal.SIGINT)
+        if up.wait(120) is None:
             up.kill()
-            output = up.communicate()[0].decode(errors="replace")
+        output = up.output()
+        up.close()
     assert up.returncode == 0, output
     assert "look it up with:" in output and "curl -s" in output
     assert reader.requests > 20 and reader.bad == []
@@ -174,12 +157,8 @@ def test_ctrl_c_stops_up_cleanly_mid_tuning(tmp_path: Path) -> None:
     the server stops, and up exits 0 (the job resumes on the next start)."""
     url = f"sqlite:///{tmp_path / 'stop.db'}"
     port = free_port()
-    up = subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", "up", "--database-url", url, "--port", str(port),
-         "--log-dir", str(tmp_path / "logs")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    argv = ["up", "--database-url", url, "--port", str(port), "--log-dir", str(tmp_path / "logs")]
+    up = Child("up", tiletune_command(*argv))
     try:
         deadline = time.monotonic() + 180
         while True:  # through the API: the database file exists before its migrations are done
@@ -191,11 +170,13 @@ def test_ctrl_c_stops_up_cleanly_mid_tuning(tmp_path: Path) -> None:
             if listed and listed[0]["trials"] >= 2:
                 break
             time.sleep(0.5)
-        up.send_signal(signal.SIGINT)
-        output = up.communicate(timeout=120)[0].decode(errors="replace")
+        up.signal(signal.SIGINT)
+        up.wait(120)
     finally:
         if up.poll() is None:
             up.kill()
+        output = up.output()
+        up.close()
     assert up.returncode == 0, output
     db = Database(url)
     with db.read_sessions() as session:

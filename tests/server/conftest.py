@@ -10,11 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from server import store
 from server.app import create_app
-from server.db import Database
-from server.models import Base
 from server.settings import Settings
+from server.store import tokens
+from server.store.db import Database
+from server.store.models import Base
 
 TABLES = [t.name for t in reversed(Base.metadata.sorted_tables)]
 
@@ -32,14 +32,14 @@ def client(settings: Settings, db: Database) -> Iterator[TestClient]:
 
 @pytest.fixture
 def writer_token(db: Database) -> str:
-    with db.sessions() as session:
-        return store.create_token(session, "writer-test", "writer")
+    with db.transaction() as session:
+        return tokens.create_token(session, "writer-test", "writer")
 
 
 @pytest.fixture
 def worker_token(db: Database) -> str:
-    with db.sessions() as session:
-        return store.create_token(session, "worker-test", "worker")
+    with db.transaction() as session:
+        return tokens.create_token(session, "worker-test", "worker")
 
 
 def row_counts(db: Database) -> dict[str, int]:

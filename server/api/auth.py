@@ -1,0 +1,56 @@
+"""Bearer-token auth: tokens are stored hashed and compared in constant time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import HTTPException, Request
+from sqlalchemy.orm import Session
+
+from server.api.deps import ReadSessionDep, SettingsDep
+from server.store import tokens
+from server.store.models import ApiToken
+
+# Which roles may do what: admins everything; writers queue and cancel jobs;
+# workers (tuning workers, a later issue) write trials and claim jobs.
+WRITE_ROLES = ("writer", "admin")
+
+
+def _token_from(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip() or len(value) > 512:
+        raise HTTPException(401, "authorization: expected 'Bearer <token>'", {"WWW-Authenticate": "Bearer"})
+    return value.strip()
+
+
+def authenticate(request: Request, session: Session, required: bool) -> ApiToken | None:
+    token = _token_from(request)
+    if token is None:
+        if required:
+            raise HTTPException(401, "authorization: a bearer token is required", {"WWW-Authenticate": "Bearer"})
+        return None
+    row = tokens.verify_token(session, token)
+    if row is None:
+        raise HTTPException(401, "authorization: unknown or revoked token", {"WWW-Authenticate": "Bearer"})
+    return row
+
+
+def require_roles(*roles: str) -> Callable[..., ApiToken]:
+    """A dependency that admits only tokens with one of ``roles``."""
+
+    def dependency(request: Request, session: ReadSessionDep) -> ApiToken:
+        row = authenticate(request, session, required=True)
+        assert row is not None
+        if row.role not in roles:
+            raise HTTPException(403, f"authorization: role {row.role!r} may not do this (needs {' or '.join(roles)})")
+        return row
+
+    return dependency
+
+
+def read_access(request: Request, session: ReadSessionDep, settings: SettingsDep) -> None:
+    """Reads are open unless TILETUNE_REQUIRE_READ_TOKEN is set."""
+    authenticate(request, session, required=settings.require_read_token)

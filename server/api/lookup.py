@@ -1,0 +1,81 @@
+"""``POST /v1/lookup``: a workload in, its tuned config out (tuned -> stale -> nearest -> heuristic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from server.api.auth import WRITE_ROLES, authenticate
+from server.api.deps import DatabaseDep, SettingsDep
+from server.api.schemas import LookupRequest, LookupResponse
+from server.store import queue, workloads
+
+router = APIRouter(prefix="/v1", tags=["configs"])
+
+
+# The hot read path: an async handler that runs its few indexed queries inline and builds
+# the JSON itself (a thread-pool hop per sync dependency and a second validation of the
+# response cost more than the work).
+@router.post("/lookup", response_model=LookupResponse)
+async def lookup(body: LookupRequest, request: Request, settings: SettingsDep, db: DatabaseDep) -> JSONResponse:
+    """The tuned config of a workload: tuned -> stale -> nearest -> heuristic.
+
+    With ``enqueue=true`` a miss (anything but ``tuned``) queues one tuning job;
+    that is a write and needs a writer token. ``snapshot`` in the answer is the
+    highest tuned-config id when it was read; send it back as ``snapshot`` to get
+    the answer as of then (every host of a multi-host run pins the same one).
+    """
+    wl = body.workload.to_workload()
+    versions = body.versions.model_dump()
+    job_id = None
+    if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
+        # The common anonymous read: a plain connection, no ORM session.
+        with db.reader() as conn:
+            result = workloads.lookup(
+                conn, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
+            )
+    else:
+        with db.transaction() as session:
+            token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
+            if body.enqueue and token is not None and token.role not in WRITE_ROLES:
+                raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
+            result = workloads.lookup(
+                session, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
+            )
+            if body.enqueue and result.source != "tuned":
+                row = workloads.workload_row(session, wl)
+                job, _ = queue.enqueue_job(
+                    session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
+                )
+                job_id = job.id
+    t = result.tuned
+    return JSONResponse(
+        {
+            "workload_key": result.workload_key,
+            "source": result.source,
+            "config": result.config,
+            "config_id": t["id"] if t else None,
+            "timing": timing_json(t) if t else None,
+            "versions": {"jax": t["jax_version"], "jaxlib": t["jaxlib_version"], "libtpu": t["libtpu_version"]}
+            if t
+            else None,
+            "distance": result.distance,
+            "neighbour_key": result.neighbour_key,
+            "job_id": job_id,
+            "snapshot": result.snapshot,
+        }
+    )
+
+
+def timing_json(t: dict[str, Any]) -> dict[str, Any]:
+    """The TimingOut JSON of a tuned config's columns."""
+    speedup = t["dense_ms"] / t["median_ms"] if t["dense_ms"] and t["median_ms"] else None
+    return {
+        "median_ms": t["median_ms"],
+        "p10_ms": t["p10_ms"],
+        "p90_ms": t["p90_ms"],
+        "dense_ms": t["dense_ms"],
+        "speedup": speedup,
+    }

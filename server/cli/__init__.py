@@ -1,0 +1,37 @@
+"""The ``tiletune`` command line (typer): one module per command group.
+
+=================  ====================================================
+``presets``        :mod:`server.cli.presets`
+``up``             :mod:`server.cli.up` (server, worker and a demo job)
+``serve``          :mod:`server.cli.serve`
+``worker``         :mod:`server.cli.worker`
+``tune``           :mod:`server.cli.tune`
+``lookup``,        :mod:`server.cli.query` (the HTTP API, or in-process)
+``configs``,
+``history``
+``report``         :mod:`server.cli.report`
+``db``             :mod:`server.cli.db`
+``token``          :mod:`server.cli.tokens`
+``bench``          :mod:`server.cli.bench`
+=================  ====================================================
+"""
+
+from __future__ import annotations
+
+import typer
+
+from server.cli import bench, db, presets, query, report, serve, tokens, tune, up, worker
+
+app = typer.Typer(help="tiletune: autotuned tile configs for sparse video attention.", no_args_is_help=True)
+app.command()(presets.presets)
+app.command()(up.up)
+app.command()(serve.serve)
+app.command()(worker.worker)
+app.command()(tune.tune)
+app.command()(query.lookup)
+app.command()(query.configs)
+app.command()(query.history)
+app.command()(report.report)
+app.add_typer(db.db_app, name="db")
+app.add_typer(tokens.token_app, name="token")
+app.add_typer(bench.bench_app, name="bench")

@@ -1,0 +1,282 @@
+"""``tiletune bench``: benchmarks, each a ratio of figures measured side by side in one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from server.cli.common import BenchDatabaseOpt, err, fail, ints, out
+
+bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
+
+
+@bench_app.command("kernel")
+def bench_kernel_cmd(
+    preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")] = "cpu-demo",
+    backend: Annotated[str, typer.Option(help="xla | tpu | auto (interpret mode has no meaningful timing).")] = "xla",
+    frames: Annotated[int | None, typer.Option(min=1, help="Override the preset's frame count.")] = None,
+    tokens_per_frame: Annotated[int | None, typer.Option(min=1, help="Override tokens per frame.")] = None,
+    heads: Annotated[str | None, typer.Option(help="Heads as KIND[:WINDOW][+sink]xCOUNT,... e.g. spatial:0x4.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (default: float32 on xla).")] = None,
+    blocks: Annotated[str | None, typer.Option(help="Square tile sizes to try, e.g. 64,128,256.")] = None,
+    variants: Annotated[str | None, typer.Option(help="Variants to run, e.g. naive,compact.")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per measurement (at least).")] = 5,
+    min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed runs per measurement (at least).")] = 0.5,
+    tables: Annotated[str, typer.Option(help="Preset whose block-table build is timed ('' to skip).")] = "wan2.1-720p",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Time the sparse kernel against dense attention on one workload."""
+    from kernel.config import VARIANTS
+    from server.bench.kernel import KernelBenchOptions, bench_kernel, print_kernel_report
+
+    variant_list = tuple(v.strip() for v in variants.split(",")) if variants else ()
+    for v in variant_list:
+        if v not in VARIANTS:
+            raise typer.BadParameter(f"--variants: unknown variant {v!r}; choose from {VARIANTS}")
+    if dtype not in (None, "float32", "bfloat16"):
+        raise typer.BadParameter("--dtype must be float32 or bfloat16")
+    opts = KernelBenchOptions(
+        preset=preset,
+        backend=backend,
+        frames=frames,
+        tokens_per_frame=tokens_per_frame,
+        heads=heads,
+        dtype=dtype,
+        blocks=ints(blocks, "--blocks"),
+        variants=variant_list,
+        repeats=repeats,
+        min_time_s=min_time,
+        table_preset=tables or None,
+    )
+    try:
+        with err.status("benchmarking") as status:
+            report = bench_kernel(opts, progress=lambda msg: status.update(f"measuring {msg}"))
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_kernel_report(report, out())
+
+
+@bench_app.command("service")
+def bench_service_cmd(
+    workloads: Annotated[int, typer.Option(min=1, help="Workloads to seed (a quarter get no tuned config).")] = 1000,
+    trials: Annotated[int, typer.Option(min=0, help="Trials to seed, spread unevenly over the workloads.")] = 10000,
+    clients: Annotated[
+        int, typer.Option(min=1, help="Concurrent clients (threads, one keep-alive connection each).")
+    ] = 8,
+    duration: Annotated[float, typer.Option(min=0.1, help="Measured seconds per phase.")] = 10.0,
+    warmup: Annotated[float, typer.Option(min=0.0, help="Unmeasured seconds of load before each phase.")] = 1.0,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes (the same for both servers).")] = 1,
+    database_url: BenchDatabaseOpt = None,
+    compare_empty: Annotated[
+        bool, typer.Option(help="Also measure the same lookups on the empty database, before seeding.")
+    ] = True,
+    miss_fraction: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Lookups of workloads without a tuned config (nearest).")
+    ] = 0.1,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Windows per seeded phase: bare, lookup and history take turns.")
+    ] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Service throughput and p50/p99 latency beside a bare FastAPI route, on an empty and a seeded database.
+
+    Starts uvicorn on 127.0.0.1 (free ports) for the tiletune app and for a bare
+    route with the same settings, and drives each phase from concurrent clients:
+    lookups on the empty database, then, after seeding, the bare route, lookups
+    and history pages in turn. With --database-url the bench deletes every row of that database's
+    tt_* tables first. Exits 1 when any request failed.
+    """
+    from server.bench import BenchError
+    from server.bench.service import ServiceBenchOptions, print_service_report, run_service_bench
+
+    opts = ServiceBenchOptions(
+        workloads=workloads,
+        trials=trials,
+        clients=clients,
+        duration_s=duration,
+        warmup_s=warmup,
+        workers=workers,
+        database_url=database_url,
+        compare_empty=compare_empty,
+        miss_fraction=miss_fraction,
+        rounds=rounds,
+    )
+    try:
+        with err.status("benchmarking") as status:
+            report = run_service_bench(opts, progress=lambda msg: status.update(msg))
+    except BenchError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_service_report(report, out())
+    failed = {name: p["errors"] for name, p in report["phases"].items() if p["errors"]}
+    if failed:
+        err.print(f"[red]failed requests:[/red] {failed}")
+        for name, p in report["phases"].items():
+            for sample in p["error_samples"]:
+                err.print(f"  {name}: {sample}")
+        raise typer.Exit(1)
+
+
+@bench_app.command("workers")
+def bench_workers_cmd(
+    database_url: BenchDatabaseOpt = None,
+    workers: Annotated[
+        str, typer.Option(help="Worker process counts, e.g. 1,2,4 (start with 1: the baseline)")
+    ] = "1,2,4",
+    jobs_per_worker: Annotated[int, typer.Option(min=1, help="Jobs queued per worker in each run")] = 4,
+    budget: Annotated[int, typer.Option(min=1, help="Trials per job")] = 8,
+    replay_sleep: Annotated[
+        float, typer.Option(min=0.0, help="Fraction of each recorded compile + run time slept (stands for device time)")
+    ] = 1.0,
+    table: Annotated[Path | None, typer.Option(help="Recorded table the replay backend serves")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="Times the worker counts take turns (median reported)")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Jobs per minute on the replay backend as worker processes are added, and the scaling efficiency."""
+    from server.bench.workers import DEFAULT_TABLE, WorkersBenchOptions, print_workers_report, run_workers_bench
+
+    counts = ints(workers, "--workers")
+    opts = WorkersBenchOptions(
+        database_url=database_url,
+        workers=counts,
+        jobs_per_worker=jobs_per_worker,
+        budget=budget,
+        replay_sleep=replay_sleep,
+        table=table or DEFAULT_TABLE,
+        rounds=rounds,
+    )
+    try:
+        with err.status("benchmarking") as status:
+            report = run_workers_bench(opts, progress=lambda msg: status.update(msg))
+    except (ValueError, RuntimeError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print_workers_report(report, out())
+
+
+@bench_app.command("client")
+def bench_client_cmd(
+    preset: Annotated[str, typer.Option(help="Workload preset whose config is resolved.")] = "cpu-demo",
+    rounds: Annotated[int, typer.Option(min=1, help="Alternating timed rounds of dict and memory lookups.")] = 7,
+    number: Annotated[int, typer.Option(min=1, help="Calls per timed round of dict and memory lookups.")] = 200_000,
+    disk_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the disk cache.")] = 500,
+    server_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the local server.")] = 30,
+    timeout: Annotated[float, typer.Option(min=0.001, help="Client timeout (s) against the hanging server.")] = 0.5,
+    hang_calls: Annotated[int, typer.Option(min=1, help="Resolutions against the hanging and refusing servers.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """The client's cost per lookup (memory, disk, local server) beside a dict lookup, and its timeout on a
+    hanging server.
+
+    Starts uvicorn on 127.0.0.1 with a temporary SQLite database holding one tuned
+    config. The report's checks (memory within 10x a dict lookup net of the timing
+    loop; the heuristic within 250 ms after the timeout) are printed, not enforced:
+    the figures depend on the machine's load.
+    """
+    from server.bench import BenchError
+    from server.bench.client import ClientBenchOptions, print_client_report, run_client_bench
+
+    opts = ClientBenchOptions(
+        preset=preset,
+        rounds=rounds,
+        number=number,
+        disk_calls=disk_calls,
+        server_calls=server_calls,
+        timeout_s=timeout,
+        hang_calls=hang_calls,
+    )
+    try:
+        with err.status("benchmarking") as status:
+            report = run_client_bench(opts, progress=lambda msg: status.update(msg))
+    except (ValueError, BenchError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_client_report(report, out())
+
+
+@bench_app.command("search")
+def bench_search_cmd(
+    record: Annotated[bool, typer.Option("--record", help="Measure every valid config and save the table")] = False,
+    preset: Annotated[str | None, typer.Option(help="Workload preset to record")] = None,
+    workload: Annotated[Path | None, typer.Option(help="Workload JSON file to record")] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Where --record writes the table")] = None,
+    replay: Annotated[list[Path] | None, typer.Option("--replay", help="Recorded tables to replay")] = None,
+    sampler: Annotated[str, typer.Option(help="Samplers to compare, comma-separated")] = "tpe,random,grid",
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per sampler and table")] = 20,
+    budget: Annotated[
+        int | None, typer.Option(min=1, help="Measured trials per replayed run (default: the table)")
+    ] = None,
+    backend: Annotated[str, typer.Option(help="Backend to record on")] = "xla",
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    tables: Annotated[
+        list[Path] | None,
+        typer.Argument(help="More tables to replay: --replay A.json B.json C.json", show_default=False),
+    ] = None,
+) -> None:
+    """Record exhaustive tables (--record) or compare search strategies on them (--replay TABLE...)."""
+    from autotune.measure import MeasureOptions
+    from autotune.replay import RecordedTable, record_table
+    from autotune.samplers import SAMPLERS
+    from server.bench.search import print_search_report
+    from server.bench.search import replay as replay_table
+    from server.worker.tune import local_workload
+
+    if tables and not replay:
+        raise typer.BadParameter(f"tables {[str(t) for t in tables]} without --replay")
+    replay = [*(replay or []), *(tables or [])]
+    if record == bool(replay):
+        raise typer.BadParameter("give --record (with --preset/--workload and --out) or --replay TABLE...")
+    if record:
+        if (preset is None) == (workload is None) or out_path is None:
+            raise typer.BadParameter("--record needs one of --preset/--workload, and --out")
+        spec = json.loads(workload.read_text()) if workload else None
+        wl = local_workload(spec, preset, backend, None, 1)
+        with Progress(
+            TextColumn("recording"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[last]}"),
+            console=err,
+        ) as progress:
+            task = progress.add_task("record", total=None, last="")
+
+            def step(i: int, n: int, config: Any, m: Any) -> None:
+                progress.update(task, completed=i, total=n, last=f"{config.describe()}: {m.status} {m.median_ms}")
+
+            table = record_table(wl, measure=MeasureOptions(repeats=repeats), progress=step)
+        table.save(out_path)
+        best_config, best = table.best
+        err.print(
+            f"saved {len(table.entries)} configs to {out_path}; best {best_config.describe()} {best.median_ms:.3f} ms"
+        )
+        return
+    samplers = [s.strip() for s in sampler.split(",") if s.strip()]
+    for s in samplers:
+        if s not in SAMPLERS:
+            raise typer.BadParameter(f"--sampler: unknown {s!r}; choose from {SAMPLERS}")
+    rows = []
+    for path in replay or []:
+        table = RecordedTable.load(path)
+        for s in samplers:
+            err.print(f"replaying {path.name} with {s} ({seeds} seeds)")
+            rows.append(replay_table(table, path.name, s, seeds, budget).summary())
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+
+    print_search_report(rows, out())

@@ -1,0 +1,68 @@
+"""What every command of the ``tiletune`` CLI shares: the database option, the consoles,
+and the settings the commands read."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from server.settings import Settings
+
+# Progress, log lines and errors go to stderr (soft-wrapped: a log line stays whole in a file);
+# results go to stdout, so `--json` output can be piped.
+err = Console(stderr=True, soft_wrap=True)
+
+DatabaseOpt = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL (default: TILETUNE_DATABASE_URL or ./tiletune.db)"),
+]
+# The benchmarks that own a database: they empty it.
+BenchDatabaseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="Run on this database (e.g. postgresql+psycopg://...). ALL ROWS OF ITS tt_* TABLES ARE DELETED "
+        "before each run. Default: a new temporary SQLite file, removed afterwards.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout")]
+
+
+def out() -> Console:
+    """The stdout console: the terminal's width, or wide tables when piped to a file."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def settings(database_url: str | None = None) -> Settings:
+    """The service's settings (``TILETUNE_*``), with ``--database-url`` when given."""
+    from server.settings import Settings
+
+    return Settings(database_url=database_url) if database_url else Settings()
+
+
+def database_url(given: str | None) -> str:
+    """``--database-url`` if given, else the service's setting (TILETUNE_DATABASE_URL or SQLite)."""
+    return settings(given).database_url
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``error: message`` on stderr; the Exit to raise (usage errors exit 2)."""
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def ints(text: str | None, option: str) -> tuple[int, ...]:
+    """Comma-separated positive integers of ``option``."""
+    if not text:
+        return ()
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise typer.BadParameter(f"{option} values must be >= 1")
+    return values

@@ -1,0 +1,139 @@
+"""``tiletune tune``: one local study on this machine; trials and the winner go to the database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out
+from server.cli.common import database_url as database_url_of
+
+
+def tune(
+    preset: Annotated[str | None, typer.Option(help="Workload preset (see `tiletune presets`)")] = None,
+    workload: Annotated[Path | None, typer.Option(help="Workload JSON file (the API's workload object)")] = None,
+    backend: Annotated[str, typer.Option(help="auto | tpu | xla | interpret")] = "auto",
+    trials: Annotated[int, typer.Option(min=1, help="Configs to measure")] = 40,
+    timeout: Annotated[float | None, typer.Option(min=1, help="Time budget of the whole search, seconds")] = None,
+    trial_timeout: Annotated[
+        float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
+    ] = 300,
+    sampler: Annotated[str, typer.Option(help="tpe | tpe-plain | random | grid | gp | brute")] = "tpe",
+    seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
+    dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (preset default; float32 on xla)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
+    database_url: DatabaseOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tune one workload on this machine and store the trials and the best config."""
+    from autotune.measure import MeasureOptions
+    from autotune.samplers import SAMPLERS
+    from autotune.search import SearchOptions
+    from server.worker.tune import local_workload, tune_workload
+
+    if (preset is None) == (workload is None):
+        raise typer.BadParameter("give exactly one of --preset or --workload")
+    if sampler not in SAMPLERS:
+        raise typer.BadParameter(f"--sampler must be one of {SAMPLERS}")
+    try:
+        spec = json.loads(workload.read_text()) if workload else None
+        wl = local_workload(spec, preset, backend, dtype, 1)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    url = database_url_of(database_url)
+    err.print(f"tuning {wl.key} on {wl.device_kind} ({wl.backend}, {wl.dtype}): {wl.pattern.describe()}")
+    progress = Progress(
+        TextColumn("trial"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.fields[best]}"),
+        TextColumn("{task.fields[failures]}"),
+        TimeElapsedColumn(),
+        console=err,
+    )
+    task = progress.add_task("tune", total=trials, best="best -", failures="failures 0")
+
+    def on_trial(trial: Any, result: Any) -> None:
+        failures = sum(n for s, n in result.counts().items() if s not in ("ok", "pruned"))
+        best = result.best.measurement.median_ms if result.best else None
+        progress.update(
+            task,
+            completed=len(result.trials),
+            failures=f"failures {failures}",
+            best=f"best {best:.3f} ms" if best else "best -",
+        )
+
+    options = SearchOptions(trials=trials, sampler=sampler, seed=seed, timeout_s=timeout)
+    try:
+        with progress:
+            outcome = tune_workload(
+                wl,
+                database_url=url,
+                search=options,
+                measure=MeasureOptions(repeats=repeats),
+                trial_timeout_s=trial_timeout,
+                on_trial=on_trial,
+            )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    result = outcome.result
+    ranked = sorted(
+        (t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0.0
+    )
+    report: dict[str, Any] = {
+        "workload_key": outcome.workload_key,
+        "measured": len(result.trials),
+        "invalid_proposals": result.invalid,
+        "repeated_proposals": result.repeated,
+        "statuses": result.counts(),
+        "dense_ms": result.dense_ms,
+        "best": None
+        if result.best is None
+        else {
+            "config": result.best.config.to_dict(),
+            "median_ms": result.best_median_ms,
+            "spread": result.best_spread,
+            "speedup": (result.dense_ms / result.best_median_ms) if result.dense_ms and result.best_median_ms else None,
+            "tuned_config_id": outcome.tuned_config_id,
+        },
+        "top": [
+            {"config": t.config.to_dict(), "median_ms": t.measurement.median_ms, "spread": t.measurement.spread}
+            for t in ranked[:10]
+        ],
+    }
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    console = out()
+    table = Table("rank", "config", "median ms", "p10-p90 ms", "spread", "speedup vs dense")
+    for i, t in enumerate(ranked[:10], 1):
+        m = t.measurement
+        speed = f"{result.dense_ms / m.median_ms:.2f}x" if result.dense_ms and m.median_ms else "-"
+        table.add_row(
+            str(i),
+            t.config.describe(),
+            f"{m.median_ms:.3f}",
+            f"{m.p10_ms:.3f}-{m.p90_ms:.3f}",
+            f"{(m.spread or 0):.1%}",
+            speed,
+        )
+    console.print(table)
+    console.print(
+        f"statuses: {report['statuses']}; invalid proposals skipped: {result.invalid}; "
+        f"repeats answered from the study: {result.repeated}"
+    )
+    if result.best is not None:
+        best = report["best"]
+        speed = f", {best['speedup']:.2f}x over dense" if best["speedup"] else ""
+        console.print(
+            f"[bold]winner[/bold] (re-timed against the top {len(result.finalists)}): "
+            f"{result.best.config.describe()} {best['median_ms']:.3f} ms, spread {best['spread']:.1%}{speed}; "
+            f"stored as tuned config {outcome.tuned_config_id} of workload {outcome.workload_key}"
+        )
+    else:
+        console.print("[red]no config measured ok[/red]")

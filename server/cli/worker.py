@@ -1,0 +1,118 @@
+"""``tiletune worker``: claim queued tuning jobs of this machine's device kind and backend, run them."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from server.cli.common import DatabaseOpt, err, fail
+from server.cli.common import database_url as database_url_of
+
+
+def install_stop_signals(stop: Any, what: str) -> None:
+    """SIGTERM / SIGINT: the first calls ``stop(False)`` (finish the trial in flight, give
+    the job back), the second ``stop(True)`` (abandon it now)."""
+    seen = {"n": 0}
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        seen["n"] += 1
+        name = signal.Signals(signum).name
+        if seen["n"] == 1:
+            err.print(f"{name}: {what} stops after the trial in flight (again to abandon it)")
+            stop(False)
+        else:
+            err.print(f"{name}: abandoning the trial in flight")
+            stop(True)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def worker(
+    database_url: DatabaseOpt = None,
+    backend: Annotated[str, typer.Option(help="auto | tpu | xla | interpret | replay")] = "auto",
+    device_kind: Annotated[
+        str, typer.Option(help="Jobs of this device kind (auto: this machine's jax.devices()[0].device_kind)")
+    ] = "auto",
+    max_jobs: Annotated[int | None, typer.Option(min=1, help="Stop after this many jobs")] = None,
+    exit_when_idle: Annotated[bool, typer.Option(help="Stop when no job is left to claim")] = False,
+    lease: Annotated[float, typer.Option(min=1, help="Lease seconds (a heartbeat extends it every third)")] = 60,
+    poll: Annotated[float, typer.Option(min=0.05, help="Seconds between claims when the queue is empty")] = 2,
+    trial_timeout: Annotated[
+        float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
+    ] = 300,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
+    replay_table: Annotated[
+        list[Path] | None, typer.Option("--replay-table", help="Recorded tables served by --backend replay")
+    ] = None,
+    replay_sleep: Annotated[
+        float, typer.Option(min=0, help="Replay: sleep this fraction of each recorded compile + run time")
+    ] = 1.0,
+    name: Annotated[str | None, typer.Option(help="Worker name in leases and trials (default host-pid-random)")] = None,
+    quiet: Annotated[bool, typer.Option(help="Print jobs only, not every trial")] = False,
+) -> None:
+    """Claim queued tuning jobs of this machine's device kind and backend and run them.
+
+    Trials are stored as they finish; the best config becomes the workload's
+    tuned config. SIGTERM or Ctrl-C stops after the trial in flight and gives the
+    job back; a second one abandons the trial at once.
+    """
+    import logging
+
+    from autotune.measure import MeasureOptions
+    from server.store.migrate import upgrade
+    from server.worker.worker import WORKER_BACKENDS, Worker, WorkerOptions
+
+    if backend not in WORKER_BACKENDS:
+        raise typer.BadParameter(f"--backend must be one of {WORKER_BACKENDS}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    url = database_url_of(database_url)
+    options = WorkerOptions(
+        database_url=url,
+        backend=backend,
+        device_kind=device_kind,
+        max_jobs=max_jobs,
+        exit_when_idle=exit_when_idle,
+        lease_s=lease,
+        poll_s=poll,
+        trial_timeout_s=trial_timeout,
+        measure=MeasureOptions(repeats=repeats),
+        replay_tables=tuple(replay_table or ()),
+        replay_sleep=replay_sleep,
+        name=name,
+    )
+    try:
+        upgrade(url)
+        w = Worker(options, on_event=lambda kind, data: _print_event(kind, data, quiet))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise fail(str(exc)) from None
+    install_stop_signals(lambda abandon: w.request_stop(abandon), "the worker")
+    try:
+        outcomes = w.run()
+    finally:
+        w.close()
+    failed = [outcome for outcome in outcomes if outcome.status == "failed"]
+    err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
+
+
+def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
+    if kind == "started":
+        err.print(f"worker {d['worker']} claiming {d['backend']} jobs for device kind {d['device_kind']!r}")
+    elif kind == "job_started":
+        err.print(f"job {d['job_id']}: tuning {d['workload_key']} (budget {d['budget']}, attempt {d['attempt']})")
+    elif kind == "trial" and not quiet:
+        ms = f"{d['median_ms']:.3f} ms" if d["median_ms"] is not None else "-"
+        err.print(f"  job {d['job_id']} trial {d['number']}: {d['config']}: {d['status']} {ms}")
+    elif kind == "tuned":
+        speed = f", {d['dense_ms'] / d['median_ms']:.2f}x over dense" if d["dense_ms"] else ""
+        err.print(
+            f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
+            f"(tuned config {d['tuned_config_id']})"
+        )
+    elif kind == "job_finished" and d["status"] != "done":
+        extra = f": {d['error']}" if d.get("error") else ""
+        err.print(f"job {d['job_id']}: {d['status']} after {d['trials']} trial(s) here{extra}")

@@ -1,0 +1,400 @@
+"""The ``/ui`` dashboard: tuned configs, jobs, and a page per workload with its figures and trials.
+
+Server-rendered HTML (:mod:`server.dashboard.pages`) and PNG figures rendered on request
+by :mod:`server.dashboard.figures` (the code of ``tiletune report``), cached per workload
+until a trial or a tuned config is added (the cache key and the ETag are the
+workload key with its latest trial id and current tuned config id).
+
+Routes (kept out of the OpenAPI document, which describes the JSON API):
+ - ``GET /ui``: current tuned configs, filterable by ``device_kind`` and
+   ``preset``, and the newest jobs with their progress;
+ - ``GET /ui/workloads/{key}``: one workload (``?status=`` filters its trials);
+ - ``GET /ui/workloads/{key}/figures/{name}.png``: one figure (``history``, ``heatmap``,
+   ``blockmap``, ``speedup``);
+ - ``POST /ui/login`` (form field ``token``), ``GET /ui/logout``.
+
+Read auth: with ``TILETUNE_REQUIRE_READ_TOKEN`` set, every ``/ui`` route needs
+a token of any role, as the JSON reads do. A browser user signs in once, either
+with the form that the 401 page shows or by opening any ``/ui`` URL with
+``?token=TOKEN``; both store the token in an HttpOnly, SameSite=Strict cookie
+scoped to ``/ui`` (and redirect to the URL without the token, which then only
+stays in that first request's access log line). Scripts may send
+``Authorization: Bearer TOKEN`` instead. Without the setting the pages are open.
+
+Bad input (a malformed or unknown workload key, an unknown figure, preset or
+status, an over-long device kind) gets a 4xx whose ``message`` names the field:
+a JSON ``{"detail", "message"}`` body, or an HTML page with the message when
+the client asks for HTML.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from kernel.presets import PRESETS
+from kernel.workload import KEY_RE
+from server.settings import Settings
+from server.store import models, queue, records, tokens, workloads
+from server.store.records import TuningRecord
+
+COOKIE = "tiletune_token"
+MAX_DEVICE_KIND = 64
+CONFIG_ROWS = 200
+JOB_ROWS = 50
+TRIAL_ROWS = 200
+FIGURE_CACHE_ENTRIES = 128
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+class UIError(Exception):
+    def __init__(self, status: int, message: str, login: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.login = login
+
+
+class FigureCache:
+    """PNG bytes by (workload key, figure, latest trial id, tuned config id); least recently used out."""
+
+    def __init__(self, entries: int = FIGURE_CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._items: collections.OrderedDict[tuple[Any, ...], bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> bytes | None:
+        with self._lock:
+            png = self._items.get(key)
+            if png is not None:
+                self._items.move_to_end(key)
+            return png
+
+    def put(self, key: tuple[Any, ...], png: bytes) -> None:
+        with self._lock:
+            self._items[key] = png
+            self._items.move_to_end(key)
+            while len(self._items) > self.entries:
+                self._items.popitem(last=False)
+
+
+def _figure_cache(request: Request) -> FigureCache:
+    state = request.app.state
+    cache = getattr(state, "ui_figures", None)
+    if cache is None:
+        cache = state.ui_figures = FigureCache()
+    return cache
+
+
+def _wants_html(request: Request) -> bool:
+    return "text/html" in request.headers.get("accept", "")
+
+
+def _error_response(request: Request, exc: UIError, next_url: str | None = None) -> Response:
+    """``next_url``: where the sign-in form returns to (default: the page that was asked for)."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if _wants_html(request):
+        from server.dashboard import pages  # jinja loads with the first page, not at start-up
+
+        if next_url is None:
+            query = _without_token(request)
+            next_url = request.url.path + (f"?{query}" if query else "")
+        html = pages.render(
+            "error.html",
+            root=request.scope.get("root_path", ""),
+            signed_in=False,
+            status_code=exc.status,
+            message=exc.message,
+            login=exc.login,
+            next_url=next_url,
+        )
+        response: Response = HTMLResponse(html, exc.status, headers=headers)
+    else:
+        response = JSONResponse({"detail": exc.message, "message": exc.message}, exc.status, headers=headers)
+    if exc.login and request.cookies.get(COOKIE):
+        response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+def _without_token(request: Request) -> str:
+    return urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "token"])
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip() or len(value) > 512:
+        raise UIError(401, "authorization: expected 'Bearer <token>'")
+    return value.strip()
+
+
+def _set_token_cookie(request: Request, response: Response, token: str) -> None:
+    response.set_cookie(
+        COOKIE, token, path="/ui", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+    )
+
+
+def _gate(request: Request, session: Session) -> Response | None:
+    """Check read access; a ``?token=`` sign-in answers with its redirect. None: go on."""
+    settings: Settings = request.app.state.settings
+    offered = request.query_params.get("token")
+    if offered is not None:
+        if len(offered) > 512 or tokens.verify_token(session, offered) is None:
+            raise UIError(401, "token: unknown or revoked token", login=True)
+        query = _without_token(request)
+        response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), 303)
+        _set_token_cookie(request, response, offered)
+        return response
+    if not settings.require_read_token:
+        return None
+    token = _bearer(request) or request.cookies.get(COOKIE)
+    if token is None:
+        raise UIError(401, "authorization: this server needs a token for reads; sign in with one", login=True)
+    if len(token) > 512 or tokens.verify_token(session, token) is None:
+        raise UIError(401, "authorization: unknown or revoked token", login=True)
+    return None
+
+
+def _signed_in(request: Request) -> bool:
+    return bool(request.cookies.get(COOKIE))
+
+
+def _workload(session: Session, key: str) -> models.Workload:
+    if not KEY_RE.match(key):
+        raise UIError(422, "workload_key: must be 32 lowercase hexadecimal characters")
+    row = workloads.find_workload(session, key)
+    if row is None:
+        raise UIError(404, f"workload_key: no workload with key {key!r}")
+    return row
+
+
+def _text_filter(request: Request, name: str, limit: int) -> str | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    if len(value) > limit:
+        raise UIError(422, f"{name}: at most {limit} characters")
+    if "\x00" in value:
+        raise UIError(422, f"{name}: must not contain NUL")
+    return value
+
+
+def _page(request: Request, render: Any) -> Response:
+    db = request.app.state.db
+    try:
+        with db.read_sessions() as session:
+            gate = _gate(request, session)
+            if gate is not None:
+                return gate
+            result: Response = render(session)
+            return result
+    except UIError as exc:
+        return _error_response(request, exc)
+
+
+# ---------------------------------------------------------------- routes
+
+
+@router.get("", response_class=HTMLResponse)
+def dashboard(request: Request) -> Response:
+    def render(session: Session) -> Response:
+        from server.dashboard import pages
+
+        device_kind = _text_filter(request, "device_kind", MAX_DEVICE_KIND)
+        preset = _text_filter(request, "preset", 64)
+        if preset is not None and preset not in PRESETS:
+            raise UIError(422, f"preset: unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+        configs, configs_truncated = _current_configs(session, device_kind, preset)
+        jobs, jobs_truncated = _jobs(session)
+        kinds = session.scalars(select(models.Workload.device_kind).distinct().order_by(models.Workload.device_kind))
+        html = pages.render(
+            "index.html",
+            root=request.scope.get("root_path", ""),
+            signed_in=_signed_in(request),
+            filters={"device_kind": device_kind, "preset": preset},
+            device_kinds=list(kinds),
+            presets=list(PRESETS),
+            configs=configs,
+            configs_truncated=configs_truncated,
+            jobs=jobs,
+            jobs_truncated=jobs_truncated,
+        )
+        return HTMLResponse(html)
+
+    return _page(request, render)
+
+
+@router.get("/workloads/{key}", response_class=HTMLResponse)
+def workload_page(request: Request, key: str) -> Response:
+    def render(session: Session) -> Response:
+        from server.dashboard import figures, pages  # matplotlib loads with the first figure
+
+        status = _text_filter(request, "status", 16)
+        if status is not None and status not in models.TRIAL_STATUSES:
+            raise UIError(422, f"status: must be one of {', '.join(models.TRIAL_STATUSES)}")
+        row = _workload(session, key)
+        record = TuningRecord.load(session, row)
+        root = request.scope.get("root_path", "")
+        version = "-".join(str(v) for v in record.version)
+        src = {name: f"{root}/ui/workloads/{key}/figures/{name}.png?v={version}" for name in figures.FIGURES}
+        sizes = {
+            "history": figures.HISTORY_SIZE,
+            "heatmap": figures.heatmap_size(record),
+            "blockmap": figures.blockmap_size(record),
+            "speedup": figures.SPEEDUP_SIZE,
+        }
+        shown = [t for t in reversed(record.trials) if status is None or t.status == status]
+        html = pages.render(
+            "workload.html",
+            root=root,
+            signed_in=_signed_in(request),
+            w=pages.workload_summary(record),
+            figures=pages.figure_entries(src, sizes),
+            trials=pages.trial_rows(shown[:TRIAL_ROWS]),
+            trials_total=len(shown),
+            trials_truncated=len(shown) > TRIAL_ROWS,
+            interactive=True,
+            statuses=models.TRIAL_STATUSES,
+            status=status,
+        )
+        return HTMLResponse(html)
+
+    return _page(request, render)
+
+
+@router.get("/workloads/{key}/figures/{filename}", response_class=Response)
+def workload_figure(request: Request, key: str, filename: str) -> Response:
+    def render(session: Session) -> Response:
+        from server.dashboard import figures
+
+        name = filename.removesuffix(".png")
+        if name == filename or name not in figures.FIGURES:
+            raise UIError(
+                404, f"figure: unknown figure {filename!r}; one of {', '.join(n + '.png' for n in figures.FIGURES)}"
+            )
+        row = _workload(session, key)
+        latest = session.scalar(select(func.max(models.Trial.id)).where(models.Trial.workload_id == row.id))
+        tuned = records.current_config(session, row.id)
+        version = (key, name, latest, tuned.id if tuned else None)
+        etag = '"' + "-".join(str(v) for v in version) + '"'
+        # private: with read auth on, shared caches must not keep a page a token unlocked.
+        headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers=headers)
+        cache = _figure_cache(request)
+        png = cache.get(version)
+        if png is None:
+            png = figures.render(TuningRecord.load(session, row), name).png
+            cache.put(version, png)
+        return Response(png, media_type="image/png", headers=headers)
+
+    return _page(request, render)
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    """Form sign-in: ``token`` and the ``next`` /ui URL (the body is small: the app bounds its size)."""
+    next_url = "/ui"
+    try:
+        try:
+            form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
+        except ValueError:
+            raise UIError(422, "body: expected a form with the fields 'token' and 'next'", login=True) from None
+        token = (form.get("token") or [""])[0].strip()
+        next_url = (form.get("next") or ["/ui"])[0]
+        if not next_url.startswith("/ui") or "//" in next_url or "\\" in next_url:
+            next_url = "/ui"  # only back into the dashboard: no open redirect
+        if not token:
+            raise UIError(422, "token: required", login=True)
+        with request.app.state.db.read_sessions() as session:
+            if len(token) > 512 or tokens.verify_token(session, token) is None:
+                raise UIError(401, "token: unknown or revoked token", login=True)
+    except UIError as exc:
+        return _error_response(request, exc, next_url)
+    response = RedirectResponse(next_url, 303)
+    _set_token_cookie(request, response, token)
+    return response
+
+
+@router.get("/logout")
+def logout() -> Response:
+    response = RedirectResponse("/ui", 303)
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+# ---------------------------------------------------------------- queries
+
+
+def _current_configs(session: Session, device_kind: str | None, preset: str | None) -> tuple[list[dict], bool]:
+    from server.dashboard import pages
+
+    query = (
+        select(models.TunedConfig, models.Workload)
+        .join(models.Workload, models.Workload.id == models.TunedConfig.workload_id)
+        .where(models.TunedConfig.is_current == True)  # noqa: E712
+        .order_by(models.TunedConfig.id.desc())
+    )
+    if device_kind is not None:
+        query = query.where(models.Workload.device_kind == device_kind)
+    if preset is not None:
+        ids = [w.id for w in workloads.preset_workloads(session, preset, device_kind)]
+        query = query.where(models.Workload.id.in_(ids))
+    rows = session.execute(query.limit(CONFIG_ROWS + 1)).all()
+    out = []
+    for tuned, wl in rows[:CONFIG_ROWS]:
+        workload = workloads.workload_of(wl)
+        out.append(
+            {
+                "key": wl.key,
+                "device_kind": wl.device_kind,
+                "backend": wl.backend,
+                "dtype": wl.dtype,
+                "preset": pages.preset_of(workload),
+                "pattern": workload.pattern.describe(),
+                "config": pages.describe_config(tuned.config),
+                **pages.tuned_timing(tuned),
+            }
+        )
+    return out, len(rows) > CONFIG_ROWS
+
+
+def _jobs(session: Session) -> tuple[list[dict], bool]:
+    rows = session.execute(
+        select(models.Job, models.Workload.key)
+        .join(models.Workload, models.Workload.id == models.Job.workload_id)
+        .order_by(models.Job.id.desc())
+        .limit(JOB_ROWS + 1)
+    ).all()
+    shown = rows[:JOB_ROWS]
+    progress = queue.job_progress(session, [job.id for job, _ in shown])  # what GET /v1/jobs reports
+    out = []
+    for job, key in shown:
+        p = progress[job.id]
+        out.append(
+            {
+                "id": job.id,
+                "key": key,
+                "status": job.status,
+                "trials": p.trials_done,
+                "running": p.trials_running,
+                "budget": job.budget,
+                "best_ms": p.best_ms,
+                "attempts": job.attempts,
+                "workers": ", ".join(p.workers),
+                "parallelism": job.parallelism,
+                "requested_by": job.requested_by,
+                "updated_at": job.updated_at,
+            }
+        )
+    return out, len(rows) > JOB_ROWS

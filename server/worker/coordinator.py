@@ -1,0 +1,170 @@
+"""The database side of one worker's search on one job: reservations, results, its Optuna study.
+
+:class:`JobCoordinator` is the :class:`~autotune.search.Coordinator` the search
+asks before and after every measurement: each trial is reserved in the job's
+trial rows first (so the workers of one job never measure the same params and
+together stay within its budget), and recorded when measured. The job's Optuna
+study lives in the same database (:func:`optuna_storage`), shared by its workers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from autotune.measure import Measurement
+from autotune.search import TrialResult
+from kernel.config import TileConfig
+from server.store import models, queue
+from server.store.db import Database, configure_sqlite, normalize_url
+
+
+def study_name(job: models.Job) -> str:
+    """The Optuna study of a job: its id and creation time (ids restart when tables are emptied)."""
+    return f"tiletune-job-{job.id}-{job.created_at:%Y%m%dT%H%M%S%f}"
+
+
+def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage on tiletune's database (its tables live beside ours).
+
+    On SQLite its connections get tiletune's pragmas with a long busy timeout
+    (the server and the worker write the same file) and no fsync per commit
+    (Optuna commits every suggested param). Creating the tables
+    races when several workers start at once on a fresh database, so a failed
+    first connection is retried.
+    """
+    url = normalize_url(url)
+    sqlite = url.startswith("sqlite")
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
+    for attempt in range(attempts):
+        try:
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            if sqlite:
+                configure_sqlite(storage.engine, 60000, foreign_keys=False)
+                storage.engine.dispose()  # the connection that created the tables had no pragmas
+            return storage
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 + attempt + secrets.randbelow(500) / 1000)
+    raise AssertionError("unreachable")
+
+
+def fail_orphaned_trials(storage: optuna.storages.RDBStorage, study: str) -> None:
+    """Mark the RUNNING trials of ``study`` FAIL: called when one worker alone holds a resumed
+    job, so they belong to workers that died or were killed, and samplers would otherwise
+    take their params as in flight forever (the measurements themselves are in tt_trial)."""
+    try:
+        study_id = storage.get_study_id_from_name(study)
+    except KeyError:  # a fresh job: no study yet
+        return
+    running = storage.get_all_trials(study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    for trial in running:
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def trial_result(row: models.Trial) -> TrialResult:
+    """A stored ok trial as a TrialResult (``number`` holds the row id, to find it again)."""
+    return TrialResult(row.id, TileConfig.from_dict(row.params), measurement_of(row))
+
+
+def measurement_of(row: models.Trial) -> Measurement:
+    """A stored trial's outcome (its median stands for its runs)."""
+    runs = (row.median_ms,) if row.median_ms is not None else ()
+    return Measurement(row.status, compile_ms=row.compile_ms, runs_ms=runs, max_error=row.max_error, error=row.error)
+
+
+class JobCoordinator:
+    """The :class:`~autotune.search.Coordinator` of one worker on one job, backed by the
+    job's trial rows (reservations) and the worker's lease (``lost`` is set when it ends)."""
+
+    def __init__(
+        self,
+        db: Database,
+        worker: str,
+        job_id: int,
+        workload_id: int,
+        lost: threading.Event,
+        *,
+        host: str,
+        versions: dict[str, str | None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.db = db
+        self.worker = worker
+        self.job_id = job_id
+        self.workload_id = workload_id
+        self.lost = lost
+        self.host = host
+        self.versions = versions
+        self._stopping = stopping
+        self.reserved: dict[str, int] = {}  # config key -> trial row id, while measuring
+        self.completed = 0
+
+    def measured(self) -> dict[str, Measurement]:
+        with self.db.read_sessions() as session:
+            final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
+            return {
+                TileConfig.from_dict(r.params).key: measurement_of(r)
+                for r in queue.job_trials(session, self.job_id, final)
+            }
+
+    def stopping(self) -> bool:
+        return self._stopping() or self.lost.is_set()
+
+    def reserve(self, config: TileConfig, number: int) -> tuple[str, Measurement | None]:
+        if self.stopping():
+            return "stop", None
+        with self.db.transaction() as session:
+            r = queue.reserve_trial(
+                session,
+                self.job_id,
+                self.worker,
+                config.to_dict(),
+                number=number,
+                host=self.host,
+                versions=self.versions,
+            )
+            if r.verdict == "reserved":
+                assert r.trial_id is not None
+                self.reserved[config.key] = r.trial_id
+                return "go", None
+            if r.verdict == "known":
+                assert r.trial is not None
+                return "known", measurement_of(r.trial)
+            if r.verdict == "lost":
+                self.lost.set()
+                return "stop", None
+            return r.verdict, None  # busy | full
+
+    def complete(self, trial: TrialResult) -> bool:
+        trial_id = self.reserved.pop(trial.config.key)
+        with self.db.transaction() as session:
+            kept = queue.complete_trial(
+                session, trial_id, self.worker, trial.measurement.status, **trial.measurement.trial_fields()
+            )
+        if not kept:
+            self.lost.set()
+            return False
+        self.completed += 1
+        return True
+
+    def invalid(self, config: TileConfig, reason: str) -> None:
+        with self.db.transaction() as session:
+            queue.record_invalid(
+                session, self.job_id, self.workload_id, config.to_dict(), reason, host=self.host, worker=self.worker
+            )
+
+    def abandon(self) -> None:
+        """Drop the reservations of trials this worker will not finish."""
+        if not self.reserved:
+            return
+        with self.db.transaction() as session:
+            for trial_id in self.reserved.values():
+                queue.abandon_trial(session, trial_id, self.worker)
+        self.reserved.clear()

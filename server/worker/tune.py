@@ -1,0 +1,134 @@
+"""One local study on this machine, its results stored in the database (``tiletune tune``), and the
+publication of a search's winner that it shares with the workers' finalizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from autotune.measure import MeasureOptions
+from autotune.search import SearchOptions, SearchResult, TrialResult, run_search
+from autotune.space import SearchSpace
+from autotune.supervisor import Supervisor
+from autotune.versions import software_versions
+from kernel.config import TileConfig
+from kernel.workload import Workload
+from server.store import models, records, workloads
+from server.store.db import Database
+from server.store.migrate import upgrade
+
+
+@dataclasses.dataclass
+class TuneOutcome:
+    workload_key: str
+    result: SearchResult
+    tuned_config_id: int | None
+    versions: dict[str, str | None]
+
+
+def tune_workload(
+    workload: Workload,
+    *,
+    database_url: str,
+    search: SearchOptions,
+    measure: MeasureOptions | None = None,
+    trial_timeout_s: float = 300.0,
+    inject: dict[str, str] | None = None,
+    job_id: int | None = None,
+    on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
+) -> TuneOutcome:
+    """Search ``workload`` on this machine; store every trial as it finishes, then the best config."""
+    upgrade(database_url)
+    db = Database(database_url)
+    versions = software_versions()
+    host = socket.gethostname()
+    space = SearchSpace(workload, workload.backend)
+    trial_rows: dict[int, int] = {}
+    try:
+        with db.transaction() as session:
+            workload_id = workloads.workload_row(session, workload).id
+
+        def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
+            with db.transaction() as session:
+                row = session.get(models.Workload, workload_id)
+                assert row is not None
+                trial = records.record_trial(
+                    session, row, config.to_dict(), status, job_id=job_id, versions=versions, host=host, **fields
+                )
+                return trial.id
+
+        def record(trial: TrialResult, result: SearchResult) -> None:
+            fields = trial.measurement.trial_fields()
+            trial_rows[trial.number] = store_trial(
+                trial.config, trial.measurement.status, number=trial.number, **fields
+            )
+            if on_trial is not None:
+                on_trial(trial, result)
+
+        def record_invalid(config: TileConfig, reason: str) -> None:
+            store_trial(config, "invalid", error=reason)
+
+        with Supervisor(workload, workload.backend, measure, trial_timeout_s, inject=inject) as supervisor:
+            result = run_search(space, supervisor, search, on_trial=record, on_invalid=record_invalid)
+            result.dense_ms = supervisor.dense_ms()
+        tuned_id = None
+        if result.best is not None:
+            with db.transaction() as session:
+                row = session.get(models.Workload, workload_id)
+                assert row is not None
+                best_row = session.get(models.Trial, trial_rows[result.best.number])
+                tuned_id = publish_winner(session, row, result, versions, best_row)
+        return TuneOutcome(workload.key, result, tuned_id, versions)
+    finally:
+        db.dispose()
+
+
+def publish_winner(
+    session: Session,
+    row: models.Workload,
+    result: SearchResult,
+    versions: dict[str, str | None],
+    trial: models.Trial | None,
+) -> int | None:
+    """Store the re-timed winner of ``result`` as the workload's tuned config (its id), with
+    the spread of its re-timed runs; None when nothing was measured ok."""
+    stats = result.best_stats
+    if result.best is None or stats is None:
+        return None
+    tuned = records.publish_tuned_config(
+        session,
+        row,
+        result.best.config.to_dict(),
+        median_ms=stats.median_ms,
+        p10_ms=stats.p10_ms,
+        p90_ms=stats.p90_ms,
+        dense_ms=result.dense_ms,
+        versions=versions,
+        trial=trial,
+    )
+    return tuned.id
+
+
+def local_workload(
+    spec: dict[str, Any] | None, preset: str | None, backend: str, dtype: str | None, batch: int
+) -> Workload:
+    """The workload of this machine's first device from a preset or a workload JSON object
+    (the device is probed in a child process: this one must leave it to the measuring child)."""
+    from autotune.device import probe_device
+    from kernel.attention import resolve_backend
+    from kernel.presets import get_preset
+
+    device = probe_device()
+    backend = resolve_backend(backend, device.platform)
+    if spec is not None:
+        return Workload.from_dict(
+            {"device_kind": device.kind, "backend": backend, "dtype": "bfloat16", "batch": 1, **spec}
+        )
+    assert preset is not None
+    p = get_preset(preset)
+    dtype = dtype or (p.dtype if backend != "xla" else "float32")
+    return Workload(device.kind, backend, dtype, batch, p.head_dim, p.pattern())

@@ -1,0 +1,396 @@
+"""``tiletune worker``: claims tuning jobs from the database and runs them.
+
+A worker loops: claim a queued job of its own device kind and backend (see
+:mod:`server.store.queue`), run the search on the job's Optuna study (RDBStorage
+in the same database, so the workers of one job share it and a resumed job
+keeps its history), store each trial as it finishes, and at the end re-time the
+top configs and publish the winner as the workload's tuned config.
+
+- A heartbeat thread extends the lease every ``lease_s / 3``. A heartbeat that
+  fails (the job was cancelled, or the worker stalled past its lease and was
+  replaced) stops the work: the trial in flight is abandoned.
+- Every trial is reserved in the database before it is measured
+  (:class:`~server.worker.coordinator.JobCoordinator`): workers of one job never
+  measure the same params, and together they stay within its budget. The worker
+  that sees the budget spent first becomes the job's finalizer; the others leave
+  the job. Publishing the winner and finishing the job are one transaction.
+- ``request_stop()`` (the CLI calls it on SIGTERM / SIGINT) finishes the trial in
+  flight, then gives the job back; ``request_stop(abandon=True)`` (a second
+  signal) kills the measurement in flight at once.
+- A job that raises is ``failed`` with the error, and queued again while it has
+  attempts left.
+
+The ``replay`` backend answers measurements from recorded exhaustive tables
+(:mod:`autotune.replay`), optionally spending the recorded compile and run time
+as sleep, so the queue, the shared studies and recovery can be exercised and
+benchmarked without a device. It serves jobs whose workload matches a table's
+in everything but the batch size (which only tells the jobs apart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import traceback
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.measure import MeasureOptions
+from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.search import Measurer, SearchOptions, SearchResult, TrialResult, pick_winner, run_search
+from autotune.space import SearchSpace
+from autotune.supervisor import MeasurementAborted, Supervisor
+from autotune.versions import software_versions
+from kernel.config import TileConfig
+from kernel.workload import BACKENDS, Workload
+from server.store import models, queue, records, workloads
+from server.store.db import Database
+from server.worker.coordinator import (
+    JobCoordinator,
+    fail_orphaned_trials,
+    optuna_storage,
+    study_name,
+    trial_result,
+)
+from server.worker.tune import publish_winner
+
+log = logging.getLogger("tiletune.worker")
+
+WORKER_BACKENDS = ("auto", *BACKENDS, "replay")
+
+
+class LostJob(Exception):  # noqa: N818  (a condition of the job, not a bug)
+    """The worker no longer holds the job it was finishing: nothing of the finish is kept."""
+
+
+def worker_name() -> str:
+    """host-pid-random: unique per process, readable in lease and trial records."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+@dataclasses.dataclass
+class WorkerOptions:
+    database_url: str
+    backend: str = "auto"  # one of WORKER_BACKENDS
+    device_kind: str = "auto"
+    max_jobs: int | None = None  # stop after this many jobs
+    exit_when_idle: bool = False  # stop when no job is claimable (tests, benchmarks, batch runs)
+    lease_s: float = 60.0
+    poll_s: float = 2.0
+    trial_timeout_s: float = 300.0
+    measure: MeasureOptions = dataclasses.field(default_factory=MeasureOptions)
+    search: SearchOptions = dataclasses.field(default_factory=SearchOptions)
+    replay_tables: tuple[Path, ...] = ()
+    replay_sleep: float = 1.0  # fraction of the recorded compile + run time slept per replayed trial
+    name: str | None = None
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    job_id: int
+    workload_key: str
+    status: str  # done | left | failed | released | lost
+    trials: int = 0  # trials this worker measured
+    tuned_config_id: int | None = None
+    error: str | None = None
+
+
+class Worker:
+    """One tuning worker process (see the module docstring)."""
+
+    def __init__(self, options: WorkerOptions, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.options = options
+        self.name = options.name or worker_name()
+        self.host = socket.gethostname()
+        self.on_event = on_event or (lambda _kind, _data: None)
+        self.db = Database(options.database_url)
+        self._stop = threading.Event()
+        self._abort = threading.Event()
+        self.tables: list[RecordedTable] = []
+        if options.backend == "replay":
+            if not options.replay_tables:
+                raise ValueError("the replay backend needs at least one --replay-table")
+            self.tables = [RecordedTable.load(p) for p in options.replay_tables]
+            pairs = {(t.workload.device_kind, t.workload.backend) for t in self.tables}
+            if len(pairs) != 1:
+                raise ValueError(f"replay tables must share one device kind and backend, got {sorted(pairs)}")
+            ((self.device_kind, self.backend),) = pairs
+            if options.device_kind not in ("auto", self.device_kind):
+                raise ValueError(
+                    f"--device-kind {options.device_kind!r} does not match the tables' {self.device_kind!r}"
+                )
+        else:
+            from autotune.device import probe_device
+            from kernel.attention import resolve_backend
+
+            device = probe_device()
+            self.backend = resolve_backend(options.backend, device.platform)
+            self.device_kind = device.kind if options.device_kind == "auto" else options.device_kind
+        self._storage: optuna.storages.RDBStorage | None = None
+        self._versions: dict[str, str | None] | None = None
+
+    # ------------------------------------------------------------ control
+
+    def request_stop(self, abandon: bool = False) -> None:
+        """Stop after the trial in flight (``abandon``: at once), giving the job back."""
+        self._stop.set()
+        if abandon:
+            self._abort.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self.db.dispose()
+        if self._storage is not None:
+            self._storage.remove_session()
+            self._storage.engine.dispose()
+
+    def storage(self) -> optuna.storages.RDBStorage:
+        if self._storage is None:
+            self._storage = optuna_storage(self.options.database_url)
+        return self._storage
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> list[JobOutcome]:
+        """Claim and run jobs until stopped, ``max_jobs`` are done, or (``exit_when_idle``) none is left."""
+        options = self.options
+        outcomes: list[JobOutcome] = []
+        self.on_event("started", {"worker": self.name, "device_kind": self.device_kind, "backend": self.backend})
+        while not self._stop.is_set():
+            if options.max_jobs is not None and len(outcomes) >= options.max_jobs:
+                break
+            with self.db.transaction() as session:
+                job = queue.claim_job(
+                    session, self.name, device_kind=self.device_kind, backend=self.backend, lease_s=options.lease_s
+                )
+                claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
+            if claimed is None:
+                if options.exit_when_idle and not self._claimable():
+                    break
+                self._stop.wait(options.poll_s)
+                continue
+            outcome = self.run_job(*claimed)
+            outcomes.append(outcome)
+            self.on_event("job_finished", dataclasses.asdict(outcome))
+        self.on_event("stopped", {"worker": self.name, "jobs": len(outcomes)})
+        return outcomes
+
+    def _claimable(self) -> bool:
+        """Whether a job is left for this worker (one that another claim holds locked right now counts)."""
+        with self.db.read_sessions() as session:
+            return queue.has_claimable(session, self.name, device_kind=self.device_kind, backend=self.backend)
+
+    def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int, study: str) -> JobOutcome:
+        """Run the claimed job ``job_id`` to its end (or this worker's part of it)."""
+        with self.db.read_sessions() as session:
+            row = session.get(models.Workload, workload_id)
+            assert row is not None
+            workload = workloads.workload_of(row)
+            seeds = [TileConfig.from_dict(t.config) for t in [records.current_config(session, workload_id)] if t]
+            near = workloads.nearest(session, workload, 16)  # warm start from the closest tuned workload
+            if near is not None:
+                seeds.append(TileConfig.from_dict(near[0]["config"]))
+        self.on_event(
+            "job_started", {"job_id": job_id, "workload_key": workload.key, "budget": budget, "attempt": attempt}
+        )
+        if not self._stop.is_set():
+            self._abort.clear()  # set by a previous job's lost lease
+        lost, finished = threading.Event(), threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job_id, lost, finished), daemon=True, name=f"heartbeat-{job_id}"
+        )
+        beat.start()
+        coordinator = JobCoordinator(
+            self.db,
+            self.name,
+            job_id,
+            workload_id,
+            lost,
+            host=self.host,
+            versions=self.versions(),
+            stopping=lambda: self.stopping,
+        )
+        try:
+            with self.measurer(workload) as measurer:
+                result = self._search(job_id, study, workload, measurer, coordinator, seeds)
+                if lost.is_set():
+                    return JobOutcome(job_id, workload.key, "lost", len(result.trials))
+                if self._stop.is_set():
+                    with self.db.transaction() as session:
+                        queue.release_job(session, job_id, self.name)
+                    return JobOutcome(job_id, workload.key, "released", len(result.trials))
+                return self._finish(job_id, workload, measurer, result, lost)
+        except MeasurementAborted:
+            coordinator.abandon()
+            if lost.is_set():
+                return JobOutcome(job_id, workload.key, "lost", coordinator.completed)
+            with self.db.transaction() as session:
+                queue.release_job(session, job_id, self.name)
+            return JobOutcome(job_id, workload.key, "released", coordinator.completed)
+        except Exception as exc:
+            coordinator.abandon()
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("job %s failed on %s:\n%s", job_id, self.name, traceback.format_exc())
+            with self.db.transaction() as session:
+                queue.finish_job(session, job_id, self.name, "failed", error[:4000])
+            return JobOutcome(job_id, workload.key, "failed", coordinator.completed, error=error)
+        finally:
+            finished.set()
+            beat.join(5)
+
+    def _heartbeat(self, job_id: int, lost: threading.Event, finished: threading.Event) -> None:
+        interval = max(0.2, self.options.lease_s / 3)
+        while not finished.wait(interval):
+            try:
+                with self.db.transaction() as session:
+                    held = queue.heartbeat(session, job_id, self.name, self.options.lease_s)
+            except Exception as exc:  # the database is briefly away: the lease has slack, try again
+                log.warning("heartbeat of job %s failed: %s", job_id, exc)
+                continue
+            if not held:
+                log.warning("job %s is no longer held by %s (cancelled or taken over): stopping", job_id, self.name)
+                lost.set()
+                self._abort.set()  # abandon the trial in flight
+                return
+
+    def _search(
+        self,
+        job_id: int,
+        study: str,
+        workload: Workload,
+        measurer: Measurer,
+        coordinator: JobCoordinator,
+        seeds: Sequence[TileConfig],
+    ) -> SearchResult:
+        space = SearchSpace(workload, workload.backend)
+        search = self.options.search
+        # Co-workers of one job sample with different seeds, or they would propose alike.
+        seed = (search.seed + zlib.crc32(self.name.encode())) % (2**31)
+        options = dataclasses.replace(search, seed=seed, seed_configs=(*search.seed_configs, *seeds))
+
+        def progress(trial: TrialResult, result: SearchResult) -> None:
+            m = trial.measurement
+            self.on_event(
+                "trial",
+                {
+                    "job_id": job_id,
+                    "number": trial.number,
+                    "config": trial.config.describe(),
+                    "status": m.status,
+                    "median_ms": m.median_ms,
+                },
+            )
+
+        with self.db.read_sessions() as session:
+            holders = queue.job_progress(session, [job_id])[job_id].workers
+        if list(holders) == [self.name]:
+            fail_orphaned_trials(self.storage(), study)
+        return run_search(
+            space,
+            measurer,
+            options,
+            storage=self.storage(),
+            study_name=study,
+            coordinator=coordinator,
+            on_trial=progress,
+            finalize=False,
+        )
+
+    def _finish(
+        self, job_id: int, workload: Workload, measurer: Measurer, result: SearchResult, lost: threading.Event
+    ) -> JobOutcome:
+        """The budget is spent: the first worker here re-times the finalists and publishes; the others leave."""
+        mine = len(result.trials)
+        with self.db.transaction() as session:
+            finalizer = queue.begin_finalize(session, job_id, self.name)
+            if not finalizer:
+                queue.leave_job(session, job_id, self.name)
+        if not finalizer:
+            return JobOutcome(job_id, workload.key, "left", mine)
+        self._wait_for_co_workers(job_id, lost)
+        if lost.is_set():
+            return JobOutcome(job_id, workload.key, "lost", mine)
+        with self.db.read_sessions() as session:
+            everyone = SearchResult(
+                trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
+            )
+        pick_winner(everyone, measurer, self.options.search)
+        if everyone.best is None or everyone.best_median_ms is None:
+            with self.db.transaction() as session:
+                queue.finish_job(session, job_id, self.name, "failed", "no config measured ok")
+            return JobOutcome(job_id, workload.key, "failed", mine, error="no config measured ok")
+        everyone.dense_ms = measurer.dense_ms()
+        try:
+            with self.db.transaction() as session:  # the winner and the job's end: both or neither
+                row = workloads.find_workload(session, workload.key)
+                assert row is not None
+                best_row = session.get(models.Trial, everyone.best.number)  # trial_result keeps the row id there
+                tuned_id = publish_winner(session, row, everyone, self.versions(), best_row)
+                if not queue.finish_job(session, job_id, self.name, "done"):
+                    raise LostJob(f"job {job_id} is no longer held by {self.name}")
+        except LostJob:
+            return JobOutcome(job_id, workload.key, "lost", mine)
+        self.on_event(
+            "tuned",
+            {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
+             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms, "tuned_config_id": tuned_id},
+        )  # fmt: skip
+        return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
+
+    def _wait_for_co_workers(self, job_id: int, lost: threading.Event) -> None:
+        """Until no trial of the job is in flight (trials of workers that died are reaped)."""
+        deadline = time.monotonic() + 2 * self.options.trial_timeout_s + self.options.lease_s
+        while not lost.is_set() and time.monotonic() < deadline:
+            with self.db.transaction() as session:
+                queue.reap_lost_trials(session, job_id)
+                running = queue.running_trials(session, job_id)
+            if running == 0:
+                return
+            lost.wait(min(1.0, self.options.poll_s))
+
+    def versions(self) -> dict[str, str | None]:
+        """Software versions recorded with every trial and tuned config (a replay records the table's)."""
+        if self._versions is None:
+            if self.backend_is_replay:
+                self._versions = dict(self.tables[0].versions) or {"jax": "replay", "jaxlib": "replay", "libtpu": None}
+            else:
+                self._versions = software_versions()
+        return self._versions
+
+    @property
+    def backend_is_replay(self) -> bool:
+        return self.options.backend == "replay"
+
+    # ------------------------------------------------------------ measuring
+
+    def measurer(self, workload: Workload) -> ReplayMeasurer | Supervisor:
+        """The measurer of one job: a supervised child on this machine's device, or the replay of a
+        recorded table; either abandons the trial in flight when the worker stops at once."""
+        options = self.options
+        if self.backend_is_replay:
+            return ReplayMeasurer(self._table_for(workload), options.replay_sleep, self._abort)
+        return Supervisor(workload, workload.backend, options.measure, options.trial_timeout_s, abort=self._abort)
+
+    def _table_for(self, workload: Workload) -> RecordedTable:
+        for table in self.tables:
+            t = table.workload
+            if (t.dtype, t.head_dim, t.pattern.pattern_hash, t.kernel_version) == (
+                workload.dtype,
+                workload.head_dim,
+                workload.pattern.pattern_hash,
+                workload.kernel_version,
+            ):
+                return table
+        raise ValueError(f"no replay table matches workload {workload.key} ({workload.pattern.describe()})")

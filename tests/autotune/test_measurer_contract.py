@@ -1,0 +1,131 @@
+"""One contract, run over every measurer a search can be given:
+
+- ``in-process``: :class:`autotune.measure.WorkloadBench` on this process's device;
+- ``supervised``: :class:`autotune.supervisor.Supervisor`, the same in a child process;
+- ``replay``: :class:`autotune.replay.ReplayMeasurer` on a recorded table;
+- ``worker``: what a tuning worker measures with (``Worker.measurer``: the replay of its
+  table, which a lost job can abandon).
+
+With each, a search measures no params twice and no invalid point; a config whose
+measurement fails (a wrong result, a crashed child, a config the table lacks) comes
+back as a Measurement with its status and error, is recorded as a trial, and the
+search goes on; ``retime`` and ``dense_ms`` answer for a measured config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.measure import STATUSES, Measurement, MeasureOptions, WorkloadBench
+from autotune.replay import RecordedTable, ReplayMeasurer, bundled_table
+from autotune.search import SearchOptions, run_search
+from autotune.space import SearchSpace
+from autotune.supervisor import Supervisor
+from kernel.config import TileConfig
+from kernel.heuristic import heuristic_config
+from kernel.layout import VideoLayout
+from kernel.pattern import HeadPattern, SparsityPattern
+from kernel.workload import Workload
+from server.worker.worker import Worker, WorkerOptions
+
+# Small enough to compile and time in a second per config on the CPU.
+LIVE = Workload(
+    "cpu",
+    "xla",
+    "float32",
+    1,
+    16,
+    SparsityPattern(VideoLayout(2, 64), (HeadPattern.spatial(0), HeadPattern.temporal(2))),
+)
+OPTIONS = MeasureOptions(repeats=2, min_time_s=0.0, check_rows=16)
+
+
+@dataclasses.dataclass
+class Case:
+    space: SearchSpace
+    measurer: Any  # entered as a context manager
+    failing: TileConfig  # the heuristic: the warm start's first proposal
+    failure: str  # its expected status
+    trials: int
+
+
+class Spy:
+    """Forwards to a measurer and keeps every config it was asked to measure."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.measured: list[TileConfig] = []
+
+    def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
+        self.measured.append(config)
+        return self.inner.measure(config, prune_above_ms)
+
+    def retime(self, config: TileConfig, runs: int) -> list[float]:
+        return list(self.inner.retime(config, runs))
+
+    def dense_ms(self, repeats: int = 5) -> float | None:
+        return self.inner.dense_ms(repeats)
+
+
+def _table_without(config: TileConfig, tmp_path: Path) -> tuple[RecordedTable, Path]:
+    """The shipped small-mixed table with ``config`` left out (so measuring it fails)."""
+    table = RecordedTable.load(bundled_table("small-mixed.xla.json"))
+    assert table.entries.pop(config.key, None) is not None
+    path = tmp_path / "table.json"
+    table.save(path)
+    return table, path
+
+
+@contextlib.contextmanager
+def _case(kind: str, tmp_path: Path) -> Iterator[Case]:
+    if kind in ("in-process", "supervised"):
+        space = SearchSpace(LIVE, "xla", blocks_q=(64, 128), blocks_kv=(64, 128))
+        heuristic = heuristic_config(LIVE.pattern, "xla", LIVE.dtype)
+        if kind == "in-process":
+            bench = WorkloadBench(LIVE, "xla", OPTIONS, inject={heuristic.key: "wrong"})
+            yield Case(space, contextlib.nullcontext(bench), heuristic, "wrong", 3)
+        else:
+            supervisor = Supervisor(LIVE, "xla", OPTIONS, trial_timeout_s=120, inject={heuristic.key: "crash"})
+            yield Case(space, supervisor, heuristic, "crashed", 3)
+        return
+    recorded = RecordedTable.load(bundled_table("small-mixed.xla.json"))
+    heuristic = heuristic_config(recorded.workload.pattern, recorded.backend, recorded.workload.dtype)
+    table, path = _table_without(heuristic, tmp_path)
+    if kind == "replay":
+        yield Case(table.space(), ReplayMeasurer(table), heuristic, "failed", 12)
+        return
+    worker = Worker(
+        WorkerOptions(f"sqlite:///{tmp_path / 'worker.db'}", backend="replay", replay_tables=(path,), replay_sleep=0.0)
+    )
+    try:
+        yield Case(table.space(), worker.measurer(table.workload), heuristic, "failed", 12)
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("kind", ["in-process", "supervised", "replay", "worker"])
+def test_measurer_contract(kind: str, tmp_path: Path) -> None:
+    with _case(kind, tmp_path) as case, case.measurer as measurer:
+        spy = Spy(measurer)
+        result = run_search(case.space, spy, SearchOptions(trials=case.trials, seed=0, retime_rounds=1, retime_runs=2))
+        ok = next(t for t in result.trials if t.measurement.status == "ok")
+        retimed = spy.retime(ok.config, 3)
+        dense = spy.dense_ms(2)
+    keys = [c.key for c in spy.measured]
+    assert len(keys) == len(set(keys)), "params measured twice"
+    assert all(case.space.violation(c) is None for c in spy.measured), "an invalid point was measured"
+    assert spy.measured[0] == case.failing  # the warm start proposes the heuristic first
+    failed = result.trials[0].measurement
+    assert failed.status == case.failure and failed.error, "a failure must come back as a value with its reason"
+    assert len(result.trials) == case.trials, "the search goes on after a failure"
+    assert all(t.measurement.status in STATUSES for t in result.trials)
+    assert result.best is not None and result.best.measurement.status == "ok"
+    assert result.best.config != case.failing
+    assert len(retimed) == 3 and all(t > 0 for t in retimed)
+    assert dense is None or dense > 0

@@ -1,0 +1,89 @@
+"""`tiletune serve` on loopback, and lookup/configs/history against it and against the database."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from server.cli import app as cli
+from server.store import records, workloads
+from server.store.db import Database
+from server.store.migrate import upgrade
+from tests.server.api.test_api import CONFIG, VERSIONS
+from tests.serving import tiletune_serve
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A real uvicorn server started by `tiletune serve` on a fresh SQLite file: (base url, database url)."""
+    url = f"sqlite:///{tmp_path / 'served.db'}"
+    with tiletune_serve(url, tmp_path / "server.log") as base:
+        yield base, url
+
+
+def seed(url: str) -> str:
+    from kernel.presets import get_preset
+    from kernel.workload import Workload
+
+    db = Database(url)
+    preset = get_preset("cpu-demo")
+    wl = Workload("cpu", "xla", "float32", 1, preset.head_dim, preset.pattern())
+    with db.transaction() as session:
+        row = workloads.workload_row(session, wl)
+        trial = records.record_trial(session, row, CONFIG, "ok", number=0, median_ms=3.0, compile_ms=50.0)
+        records.record_trial(session, row, CONFIG, "crashed", number=1, error="child killed by SIGKILL")
+        records.publish_tuned_config(session, row, CONFIG, median_ms=3.0, dense_ms=30.0, versions=VERSIONS, trial=trial)
+    db.dispose()
+    return wl.key
+
+
+def test_serve_and_query_over_http(served: tuple[str, str]) -> None:
+    base, url = served
+    key = seed(url)
+    result = runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--backend", "xla", "--server", base, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["workload_key"] == key and data["source"] in ("tuned", "stale") and data["config"] == CONFIG
+    human = runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--server", base])
+    assert "10.00x over dense" in human.stdout
+    listing = runner.invoke(cli, ["configs", "--server", base])
+    assert key in listing.stdout
+    history = runner.invoke(cli, ["history", key, "--server", base, "--json"])
+    assert [t["status"] for t in json.loads(history.stdout)["items"]] == ["crashed", "ok"]
+    missing = runner.invoke(cli, ["history", "0" * 32, "--server", base])
+    assert missing.exit_code == 2 and "no workload with key" in missing.output
+
+
+def test_query_the_database_directly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'direct.db'}"
+    upgrade(url)
+    key = seed(url)
+    result = runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--database-url", url, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["workload_key"] == key
+    other = runner.invoke(
+        cli,
+        [
+            "lookup",
+            "--preset",
+            "cpu-demo",
+            "--device-kind",
+            "TPU v6 lite",
+            "--backend",
+            "tpu",
+            "--database-url",
+            url,
+            "--json",
+        ],
+    )
+    assert json.loads(other.stdout)["source"] == "heuristic"
+    assert key in runner.invoke(cli, ["configs", "--database-url", url, "--json"]).stdout
+    assert runner.invoke(cli, ["history", key, "--status", "crashed", "--database-url", url]).exit_code == 0
+    bad = runner.invoke(cli, ["lookup", "--preset", "nope", "--database-url", url])
+    assert bad.exit_code == 2 and "unknown preset" in bad.output

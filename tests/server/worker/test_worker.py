@@ -1,0 +1,183 @@
+"""Tuning workers on SQLite and PostgreSQL: jobs run to a tuned config, cancel, SIGTERM,
+retries, and resuming a job whose worker died (replay backend: no device needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import threading
+from typing import Any
+
+import optuna
+import pytest
+from sqlalchemy import update
+
+from autotune.replay import RecordedTable
+from server.store import models, queue, workloads
+from server.store.db import Database
+from server.worker.worker import Worker, WorkerOptions, optuna_storage, study_name
+from tests.server.worker.workers import (
+    TABLE,
+    check_job_records,
+    finished_trials,
+    queue_replay_jobs,
+    start_worker,
+    statuses,
+    wait_for,
+)
+
+
+def replay_worker(url: str, **overrides: Any) -> Worker:
+    options = WorkerOptions(
+        database_url=url, backend="replay", replay_tables=(TABLE,), exit_when_idle=True, replay_sleep=0.0, poll_s=0.1
+    )
+    return Worker(WorkerOptions(**{**options.__dict__, **overrides}))
+
+
+def test_worker_tunes_queued_jobs_and_publishes_the_best(database_url: str, db: Database) -> None:
+    ids = queue_replay_jobs(db, 3, budget=8)
+    worker = replay_worker(database_url)
+    try:
+        outcomes = worker.run()
+    finally:
+        worker.close()
+    assert [(o.job_id, o.status) for o in outcomes] == [(i, "done") for i in ids]
+    table = RecordedTable.load(TABLE)
+    for job_id in ids:
+        assert check_job_records(db, job_id, budget=8) == {worker.name: 8}
+    with db.read_sessions() as session:
+        for job_id in ids:
+            job = session.get(models.Job, job_id)
+            assert job is not None
+            row = session.get(models.Workload, job.workload_id)
+            assert row is not None
+            result = workloads.lookup(session, workloads.workload_of(row), dict(table.versions))
+            assert result.source == "tuned" and result.tuned is not None
+            tuned = session.get(models.TunedConfig, result.tuned["id"])
+            assert tuned is not None and tuned.trial_id is not None
+            winner = session.get(models.Trial, tuned.trial_id)
+            assert winner is not None and winner.job_id == job_id and winner.params == result.config
+            # The winner is one of the re-timed finalists: among the top three trials of the job.
+            ranked = sorted((t.median_ms or 0, t.id) for t in finished_trials(db, job_id) if t.status == "ok")
+            assert winner.id in [trial_id for _, trial_id in ranked[:3]]
+
+
+def test_cancel_stops_the_worker_and_keeps_the_job_cancelled(db: Database, database_url: str) -> None:
+    (job_id,) = queue_replay_jobs(db, 1, budget=40)
+    worker = replay_worker(database_url, replay_sleep=0.15, lease_s=1.5)
+
+    def cancel_after_two_trials() -> None:
+        wait_for(lambda: len(finished_trials(db, job_id)) >= 2, 60, "two trials")
+        with db.transaction() as session:
+            job = session.get(models.Job, job_id)
+            assert job is not None
+            queue.cancel_job(session, job)
+
+    canceller = threading.Thread(target=cancel_after_two_trials)
+    canceller.start()
+    try:
+        outcomes = worker.run()
+    finally:
+        worker.close()
+        canceller.join(60)
+    assert [o.status for o in outcomes] == ["lost"]
+    assert statuses(db, [job_id]) == {job_id: "cancelled"}
+    with db.read_sessions() as session:
+        trials = queue.job_trials(session, job_id)
+    assert len([t for t in trials if t.status != "invalid"]) < 40
+    assert not [t for t in trials if t.status == "running"]  # the trial in flight was abandoned
+
+
+def test_a_failing_job_is_retried_then_failed(db: Database, database_url: str) -> None:
+    other = RecordedTable.load(TABLE.parent / "cpu-demo.xla.json").workload  # no small-mixed table serves it
+    with db.transaction() as session:
+        job, _ = queue.enqueue_job(session, workloads.workload_row(session, other), budget=4)
+        job_id = job.id
+    worker = replay_worker(database_url)
+    try:
+        outcomes = worker.run()
+    finally:
+        worker.close()
+    assert [o.status for o in outcomes] == ["failed"] * 3
+    with db.read_sessions() as session:
+        failed = session.get(models.Job, job_id)
+        assert failed is not None and failed.status == "failed" and failed.attempts == 3
+        assert failed.error is not None and "no replay table matches" in failed.error
+
+
+def test_a_dead_workers_job_resumes_without_losing_or_repeating_trials(db: Database, database_url: str) -> None:
+    (job_id,) = queue_replay_jobs(db, 1, budget=10)
+    table = RecordedTable.load(TABLE)
+    configs = [c for c, m in table.entries.values() if m.status == "ok"][:4]
+    with db.transaction() as session:
+        assert queue.claim_job(session, "dead", device_kind="cpu", backend="xla") is not None
+        kept = []
+        for config in configs[:3]:
+            r = queue.reserve_trial(session, job_id, "dead", config.to_dict())
+            m = table.entries[next(k for k, (c, _) in table.entries.items() if c == config)][1]
+            assert queue.complete_trial(session, r.trial_id or 0, "dead", "ok", **m.trial_fields())
+            kept.append(r.trial_id)
+        in_flight = queue.reserve_trial(session, job_id, "dead", configs[3].to_dict()).trial_id
+        job = session.get(models.Job, job_id)
+        assert job is not None
+        name = study_name(job)
+    # The dead worker had asked its study for a trial it never told: it stays RUNNING there.
+    study = optuna.create_study(study_name=name, storage=optuna_storage(database_url), direction="minimize")
+    study.ask()
+    with db.transaction() as session:
+        session.execute(
+            update(models.JobLease).values(expires_at=models.utcnow() - dt.timedelta(seconds=1))
+        )  # the worker was killed: its lease runs out
+        session.commit()
+    worker = replay_worker(database_url)
+    try:
+        (outcome,) = worker.run()
+    finally:
+        worker.close()
+    assert outcome.status == "done" and outcome.trials == 10 - 4
+    per_worker = check_job_records(db, job_id, budget=10)
+    assert per_worker == {"dead": 3, worker.name: 6}
+    with db.read_sessions() as session:
+        for trial_id in kept:
+            trial = session.get(models.Trial, trial_id)
+            assert trial is not None and trial.status == "ok" and trial.worker == "dead"
+        crashed = session.get(models.Trial, in_flight)
+        assert crashed is not None and crashed.status == "crashed"
+        job = session.get(models.Job, job_id)
+        assert job is not None and job.attempts == 2
+    states = {t.state for t in optuna.load_study(study_name=name, storage=optuna_storage(database_url)).trials}
+    assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.FAIL in states
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_trial_gives_the_job_back_and_a_new_worker_resumes(
+    db: Database, database_url: str
+) -> None:
+    (job_id,) = queue_replay_jobs(db, 1, budget=12)
+    proc = start_worker(database_url, "--replay-sleep", "0.3", "--lease", "3", "--exit-when-idle")
+    try:
+        wait_for(lambda: len(finished_trials(db, job_id)) >= 2, 120, "two trials of the first worker")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = proc.output()
+    proc.close()
+    assert proc.returncode == 0, out
+    assert "stops after the trial in flight" in out
+    before = finished_trials(db, job_id)
+    with db.read_sessions() as session:
+        job = session.get(models.Job, job_id)
+        assert job is not None and job.status == "queued" and job.attempts == 0
+        assert [lease.end_reason for lease in queue.job_leases(session, job_id)] == ["released"]
+        assert queue.running_trials(session, job_id) == 0
+    worker = replay_worker(database_url)
+    try:
+        (outcome,) = worker.run()
+    finally:
+        worker.close()
+    assert outcome.status == "done" and outcome.trials == 12 - len(before)
+    check_job_records(db, job_id, budget=12)
+    after = {t.id for t in finished_trials(db, job_id)}
+    assert {t.id for t in before} <= after
