@@ -17,13 +17,10 @@ WRITE_ROLES = ("writer", "admin")
 
 
 def _token_from(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if header is None:
-        return None
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "bearer" or not value.strip() or len(value) > 512:
-        raise HTTPException(401, "authorization: expected 'Bearer <token>'", {"WWW-Authenticate": "Bearer"})
-    return value.strip()
+    try:
+        return tokens.bearer_token(request.headers.get("authorization"))
+    except ValueError as exc:
+        raise HTTPException(401, str(exc), {"WWW-Authenticate": "Bearer"}) from None
 
 
 def authenticate(request: Request, session: Session, required: bool) -> ApiToken | None:

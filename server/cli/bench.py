@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from server.cli.common import BenchDatabaseOpt, err, fail, ints, out
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
+
+
+def _run(
+    bench: Callable[..., dict[str, Any]],
+    opts: Any,
+    printer: Callable[[dict[str, Any], Any], None],
+    as_json: bool,
+    errors: tuple[type[Exception], ...] = (ValueError, RuntimeError),
+) -> dict[str, Any]:
+    """Run ``bench(opts, progress=...)`` with a status line, print its report (JSON or a table);
+    a bench that cannot run is a usage error naming why."""
+    try:
+        with err.status("benchmarking") as status:
+            report = bench(opts, progress=lambda msg: status.update(msg))
+    except errors as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        printer(report, out())
+    return report
 
 
 @bench_app.command("kernel")
@@ -52,15 +74,7 @@ def bench_kernel_cmd(
         min_time_s=min_time,
         table_preset=tables or None,
     )
-    try:
-        with err.status("benchmarking") as status:
-            report = bench_kernel(opts, progress=lambda msg: status.update(f"measuring {msg}"))
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_kernel_report(report, out())
+    _run(bench_kernel, opts, print_kernel_report, as_json, errors=(ValueError,))
 
 
 @bench_app.command("service")
@@ -108,15 +122,7 @@ def bench_service_cmd(
         miss_fraction=miss_fraction,
         rounds=rounds,
     )
-    try:
-        with err.status("benchmarking") as status:
-            report = run_service_bench(opts, progress=lambda msg: status.update(msg))
-    except BenchError as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_service_report(report, out())
+    report = _run(run_service_bench, opts, print_service_report, as_json, errors=(BenchError,))
     failed = {name: p["errors"] for name, p in report["phases"].items() if p["errors"]}
     if failed:
         err.print(f"[red]failed requests:[/red] {failed}")
@@ -154,15 +160,7 @@ def bench_workers_cmd(
         table=table or DEFAULT_TABLE,
         rounds=rounds,
     )
-    try:
-        with err.status("benchmarking") as status:
-            report = run_workers_bench(opts, progress=lambda msg: status.update(msg))
-    except (ValueError, RuntimeError) as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        print(json.dumps(report, indent=2))
-        return
-    print_workers_report(report, out())
+    _run(run_workers_bench, opts, print_workers_report, as_json)
 
 
 @bench_app.command("client")
@@ -196,15 +194,7 @@ def bench_client_cmd(
         timeout_s=timeout,
         hang_calls=hang_calls,
     )
-    try:
-        with err.status("benchmarking") as status:
-            report = run_client_bench(opts, progress=lambda msg: status.update(msg))
-    except (ValueError, BenchError) as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_client_report(report, out())
+    _run(run_client_bench, opts, print_client_report, as_json, errors=(ValueError, BenchError))
 
 
 @bench_app.command("search")

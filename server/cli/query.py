@@ -53,6 +53,19 @@ def _request(
         app.state.db.dispose()
 
 
+def _ask(
+    method: str,
+    path: str,
+    server: str | None,
+    database_url: str | None,
+    token: str | None,
+    body: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The API's JSON answer; an error answer exits 2 with its message."""
+    return _answer(_request(method, path, server, database_url, token, body, params))
+
+
 def _answer(response: httpx.Response) -> dict[str, Any]:
     try:
         data = response.json()
@@ -99,15 +112,13 @@ def lookup(
     from autotune.versions import software_versions
 
     versions = software_versions()
-    data = _answer(
-        _request(
-            "POST",
-            "/v1/lookup",
-            server,
-            database_url,
-            token,
-            {"workload": spec, "versions": versions, "enqueue": enqueue, "snapshot": snapshot},
-        )
+    data = _ask(
+        "POST",
+        "/v1/lookup",
+        server,
+        database_url,
+        token,
+        {"workload": spec, "versions": versions, "enqueue": enqueue, "snapshot": snapshot},
     )
     if as_json:
         print(json.dumps(data, indent=2))
@@ -137,15 +148,13 @@ def configs(
     as_json: JsonOpt = False,
 ) -> None:
     """List the current tuned configs."""
-    data = _answer(
-        _request(
-            "GET",
-            "/v1/configs",
-            server,
-            database_url,
-            token,
-            params={"device_kind": device_kind, "backend": backend, "limit": limit},
-        )
+    data = _ask(
+        "GET",
+        "/v1/configs",
+        server,
+        database_url,
+        token,
+        params={"device_kind": device_kind, "backend": backend, "limit": limit},
     )
     if as_json:
         print(json.dumps(data, indent=2))
@@ -174,15 +183,13 @@ def history(
     as_json: JsonOpt = False,
 ) -> None:
     """Trials of one workload, newest first."""
-    data = _answer(
-        _request(
-            "GET",
-            f"/v1/workloads/{key}/history",
-            server,
-            database_url,
-            token,
-            params={"status": status, "limit": limit},
-        )
+    data = _ask(
+        "GET",
+        f"/v1/workloads/{key}/history",
+        server,
+        database_url,
+        token,
+        params={"status": status, "limit": limit},
     )
     if as_json:
         print(json.dumps(data, indent=2))

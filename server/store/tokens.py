@@ -18,6 +18,18 @@ from sqlalchemy.orm import Session
 from server.store.models import TOKEN_ROLES, ApiToken
 
 TOKEN_PREFIX = "tt_"
+MAX_TOKEN_LENGTH = 512  # far above a real token (tt_ + 43 characters); longer input is not looked up
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None without the header);
+    ValueError naming the expected form when the header is malformed."""
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip() or len(value) > MAX_TOKEN_LENGTH:
+        raise ValueError("authorization: expected 'Bearer <token>'")
+    return value.strip()
 
 
 def hash_token(token: str) -> str:
@@ -40,6 +52,8 @@ def create_token(session: Session, name: str, role: str) -> str:
 
 def verify_token(session: Session, token: str) -> ApiToken | None:
     """The active token matching ``token``, compared in constant time, or None."""
+    if len(token) > MAX_TOKEN_LENGTH:
+        return None
     digest = hash_token(token)
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
     if row is None or not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
