@@ -4,6 +4,8 @@ Frozen and validated at construction (as splash attention's BlockSizes), so an
 illegal config never reaches a compile. Hardware rules (TPU lane/sublane
 multiples) are checked separately by :meth:`TileConfig.check_tpu`, because the
 ``xla`` and ``interpret`` backends accept any positive block size.
+:meth:`TileConfig.check_usable` is the whole rule for running a config that came
+from elsewhere (a server, a cache file) on one sequence, backend and dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ HEAD_GROUPINGS: tuple[str, ...] = ("all", "by_pattern")
 TPU_LANES = 128
 TPU_SUBLANES = {"float32": 8, "bfloat16": 16}
 MAX_BLOCK = 1 << 16
+# Backends that run the Pallas kernel, whose blocks Mosaic tiles: interpret mode emulates the TPU.
+TPU_TILED_BACKENDS: tuple[str, ...] = ("tpu", "interpret")
+
+
+def max_tile(seq_len: int) -> int:
+    """The largest tile worth using on a sequence of ``seq_len`` tokens: the smallest power
+    of two >= ``seq_len``, and at least 128 (one TPU lane tile).
+
+    One such tile already holds the whole sequence; a larger one only adds padding
+    slots, which are computed and masked like real tokens (a 65536 x 65536 tile on a
+    256-token sequence makes XLA plan tens of GB of temporaries). Powers of two,
+    because the tiles of the candidate grids and of the heuristic are powers of two:
+    the smallest one that covers the sequence is the largest tile a search can pick,
+    and the heuristic never picks above it.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    return max(TPU_LANES, 1 << (seq_len - 1).bit_length())
 
 
 def params_key(params: Mapping[str, Any]) -> str:
@@ -101,6 +121,36 @@ class TileConfig:
                     f"TileConfig.{name} ({getattr(self, name)}) must be a multiple of "
                     f"{TPU_LANES} on TPU (lane tiling of the score tile)"
                 )
+
+    def check_usable(self, seq_len: int, backend: str, dtype: str) -> None:
+        """Raise ValueError, naming the broken rule, unless this config may run a sequence of
+        ``seq_len`` tokens on ``backend`` in ``dtype``.
+
+        - ``block_q`` and ``block_kv`` are at most :func:`max_tile` of ``seq_len``
+          (``block_kv_compute`` divides ``block_kv``, so it is bounded too);
+        - with ``align="frame"`` every frame is padded to a multiple of
+          :attr:`align_unit`, lcm(block_q, block_kv): it is bounded the same way
+          (q 2047 / kv 2048 would pad every frame to 4,192,256 slots);
+        - on ``tpu`` and ``interpret`` the TPU tiling rules (:meth:`check_tpu`).
+
+        The heuristic's configs pass, and so does every config of the default candidate
+        grids (powers of two) that the search's padding rule admits. This is the check
+        for a config that came from elsewhere (the service, a cache file) before it runs.
+        """
+        bound = max_tile(seq_len)
+        for name in ("block_q", "block_kv"):
+            if getattr(self, name) > bound:
+                raise ValueError(
+                    f"TileConfig.{name} ({getattr(self, name)}) must be <= {bound} for a sequence of {seq_len} "
+                    "tokens (the smallest power of two >= the sequence, at least 128: one tile holds it all)"
+                )
+        if self.align_unit > bound:
+            raise ValueError(
+                f"TileConfig.align='frame' pads every frame to a multiple of lcm(block_q, block_kv) = "
+                f"{self.align_unit}, which must be <= {bound} for a sequence of {seq_len} tokens"
+            )
+        if backend in TPU_TILED_BACKENDS:
+            self.check_tpu(dtype)
 
     @property
     def align_unit(self) -> int:
