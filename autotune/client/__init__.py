@@ -15,11 +15,17 @@ Resolution, once per (pattern, shape, backend, dtype) in a process:
 2. on disk (``TILETUNE_CACHE_DIR``): one JSON file per (server, workload, software
    versions, snapshot), written to a temporary file and moved into place with
    ``os.replace``, so readers in other processes see a whole old file or a whole
-   new one; a corrupt or partial file is ignored (and overwritten by the next answer).
-3. the server's ``POST /v1/lookup`` (httpx): the whole server phase of a resolution
-   (every attempt and the back-off between them) is bounded by
-   ``TILETUNE_CLIENT_TIMEOUT``; connection errors, 5xx and malformed answers are
-   retried (``TILETUNE_CLIENT_RETRIES``) inside that budget; after
+   new one. Anything but a regular file of at most 64 KB is never read (a FIFO
+   would block the reader forever), and a corrupt, partial or malformed entry is
+   ignored; both are replaced by the next answer.
+3. the server's ``POST /v1/lookup`` (httpx), under one wall-clock deadline of
+   ``TILETUNE_CLIENT_TIMEOUT`` seconds per resolution: connecting (name lookup
+   included), sending, reading the answer however slowly it arrives, every retry
+   and the back-off between them. Each request runs in a thread that the
+   resolution abandons at the deadline (:mod:`autotune.client.exchange`), so the
+   deadline holds whatever the network does; the heuristic follows within a few
+   milliseconds. Connection errors, 5xx and unparsable answers are retried
+   (``TILETUNE_CLIENT_RETRIES``) before the deadline; after
    ``TILETUNE_BREAKER_FAILURES`` failed lookups in a row a circuit breaker stops
    calling the server for ``TILETUNE_BREAKER_COOLDOWN`` seconds, then lets one
    lookup through to probe it.
@@ -28,11 +34,27 @@ Resolution, once per (pattern, shape, backend, dtype) in a process:
    fallback is retried in this process after the breaker's cool-down, and never
    written to disk.
 
-What is kept on disk, and for how long:
+Everything the server or the disk says is checked before use
+(:mod:`autotune.client.answer`): a JSON object of at most 64 KB, each field the
+client reads of the right type and range (``source`` one of the four, ``snapshot``
+>= 0 and, when pinned, the pinned one; ``config_id`` and ``job_id`` >= 1;
+``config_id`` <= ``snapshot``), and a config usable for the call's sequence,
+backend and dtype (:meth:`kernel.config.TileConfig.check_usable`: no tile larger
+than the smallest power of two covering the sequence, the TPU tiling rules on
+``tpu`` and ``interpret``). An answer that fails is a failed lookup (the fallback
+above, logged once, asked again after the cool-down); a cache entry that fails is
+absent. Nothing they say raises out of :meth:`TileClient.resolve` but
+:class:`ConfigMissError` under the ``error`` policies.
 
-- answers pinned to a snapshot: forever (an answer at a snapshot never changes);
+What is kept on disk, and for how long (every entry has a finite ``expires_at``,
+and is fresh until then but never longer than the TTL in force from now):
+
 - ``tuned`` answers: ``TILETUNE_CACHE_TTL`` seconds (default one day), so a
   re-tuned config is picked up by the next day's runs;
+- answers pinned to a snapshot, whatever their source: ``TILETUNE_CACHE_TTL``
+  too (an answer at a snapshot never changes, so asking again costs one lookup
+  and gives the same answer). Entries that clients before this rule wrote with no
+  expiry (``null``) read as expired;
 - ``stale``, ``nearest`` and ``heuristic`` answers of the server: only
   ``TILETUNE_CACHE_MISS_TTL`` seconds (default 10 minutes), so a tuning job that
   lands is picked up by the next run after it. These are used from disk only
@@ -47,7 +69,9 @@ Miss policies (``TILETUNE_MISS_POLICY``), for answers other than ``tuned``:
   the lookup asks the server to queue a tuning job (``enqueue``); without one it
   only looks up.
 - ``wait``: block up to ``TILETUNE_WAIT_TIMEOUT`` seconds while the queued job runs
-  (polling ``GET /v1/jobs/{id}``), then use the tuned config; if none came (job
+  (polling ``GET /v1/jobs/{id}``, each poll ending by the timeout and by the end of
+  the wait), then use the tuned config (looked up with a timeout of its own, so a
+  resolution takes at most timeout + wait + timeout); if none came (job
   failed, timed out, or no job could be queued because there is no writer
   token), ``TILETUNE_WAIT_FALLBACK`` decides: ``heuristic`` uses the server's
   untuned answer, ``error`` raises :class:`ConfigMissError`.
@@ -70,8 +94,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from autotune.client.answer import Answer
 from autotune.client.breaker import CircuitBreaker
-from autotune.client.cache import Answer, DiskCache
+from autotune.client.cache import DiskCache
 from autotune.client.settings import (
     ENVIRONMENT,
     MISS_POLICIES,

@@ -12,12 +12,23 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
 
+from autotune.client.answer import (
+    CACHE_FORMAT,
+    MAX_DOCUMENT_BYTES,
+    Answer,
+    AnswerFormatError,
+    parse_document,
+    rejection_message,
+    server_answer,
+)
 from autotune.client.breaker import CircuitBreaker
-from autotune.client.cache import CACHE_FORMAT, SERVER_SOURCES, Answer, DiskCache, opt_int
+from autotune.client.cache import DiskCache
+from autotune.client.exchange import ExchangeError, exchange
 from autotune.client.settings import ClientSettings, ConfigMissError
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
@@ -74,12 +85,18 @@ class TileClient:
     """
 
     def __init__(
-        self, settings: ClientSettings | None = None, *, clock: Callable[[], float] = time.monotonic, **options: Any
+        self,
+        settings: ClientSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        transport: httpx.BaseTransport | None = None,
+        **options: Any,
     ) -> None:
         if settings is not None and options:
             raise TypeError("give either settings or keyword options, not both")
         self.settings = settings or ClientSettings(**options)
-        self.clock = clock
+        self.clock = clock  # the breaker's and the retry times' clock; deadlines are always time.monotonic
+        self._transport = transport  # httpx's own when None; tests give an httpx.MockTransport
         self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_cooldown_s, clock)
         self.disk = DiskCache(self.settings.cache_dir) if self.settings.cache_dir is not None else None
         self.last_snapshot: int | None = self.settings.snapshot
@@ -197,6 +214,10 @@ class TileClient:
                 lock = self._key_locks[key] = threading.Lock()
             return lock
 
+    def cache_path(self, wl: Workload) -> Path | None:
+        """The disk cache file of ``wl``'s answer (None without a disk cache)."""
+        return None if self.disk is None else self.disk.path(self._cache_key(wl.key))
+
     def _cache_key(self, workload_key: str) -> str:
         versions = _versions()
         parts = [CACHE_FORMAT, self.settings.server_url or "", workload_key, versions, self.settings.snapshot]
@@ -207,10 +228,11 @@ class TileClient:
         cache_key = self._cache_key(key)
         expired: Answer | None = None
         if self.disk is not None:
-            cached = self.disk.get(cache_key, key)
+            cached = self.disk.get(cache_key, wl, self.settings.snapshot)
             if cached is not None:
-                answer, expires_at = cached
-                fresh = expires_at is None or time.time() < expires_at
+                answer, now = cached.answer, time.time()
+                # Fresh until its expiry, and never for longer than the TTL in force allows from now.
+                fresh = now < cached.expires_at <= now + self._ttl(answer.source)
                 if fresh and (answer.tuned or policy == "heuristic"):
                     self._count("disk_hits")
                     self._saw_snapshot(answer.snapshot)
@@ -219,7 +241,7 @@ class TileClient:
         if self.settings.server_url is None:
             return self._fallback(wl, key, expired, "no server configured (TILETUNE_SERVER_URL)", retry=False)
         try:
-            answer = self._ask_server(wl, key)
+            answer = self._ask_server(wl, key, time.monotonic() + self.settings.timeout_s)
         except ServerUnavailable as exc:
             return self._fallback(wl, key, expired, str(exc))
         except ServerRejected as exc:
@@ -250,15 +272,18 @@ class TileClient:
     def _store(self, cache_key: str, answer: Answer) -> None:
         if self.disk is None:
             return
-        if self.settings.snapshot is not None:
-            expires_at = None
-        else:
-            ttl = self.settings.cache_ttl_s if answer.source == "tuned" else self.settings.miss_ttl_s
-            if ttl <= 0:
-                return
-            expires_at = time.time() + ttl
-        if self.disk.put(cache_key, answer, expires_at):
+        ttl = self._ttl(answer.source)
+        if ttl <= 0:
+            return
+        if self.disk.put(cache_key, answer, time.time() + ttl):
             self._count("disk_writes")
+
+    def _ttl(self, source: str) -> float:
+        """Seconds an answer of ``source`` stays fresh on disk. An answer at a pinned snapshot never
+        changes, so every source of it is kept as long as a tuned answer."""
+        if source == "tuned" or self.settings.snapshot is not None:
+            return self.settings.cache_ttl_s
+        return self.settings.miss_ttl_s
 
     def _fallback(
         self, wl: Workload, key: str, expired: Answer | None, reason: str, *, retry: bool = True
@@ -317,7 +342,8 @@ class TileClient:
 
     # ------------------------------------------------------------ the server
 
-    def _ask_server(self, wl: Workload, key: str, *, enqueue: bool | None = None) -> Answer:
+    def _ask_server(self, wl: Workload, key: str, deadline: float, *, enqueue: bool | None = None) -> Answer:
+        """The server's answer for ``wl``, every request of it done by ``deadline`` (``time.monotonic()``)."""
         body: dict[str, Any] = {"workload": wl.canonical(), "versions": _versions()}
         want_enqueue = self._enqueue if enqueue is None else enqueue
         if want_enqueue:
@@ -325,61 +351,50 @@ class TileClient:
         if self.settings.snapshot is not None:
             body["snapshot"] = self.settings.snapshot
         try:
-            data = self._request("POST", "/v1/lookup", body)
+            data = self._request("POST", "/v1/lookup", deadline, body)
         except ServerRejected as exc:
             if want_enqueue and exc.status in (401, 403):
                 # A token that may not queue jobs: look up without queueing from now on.
                 self._enqueue = False
                 self._warn_once("enqueue", "tiletune: the token may not queue tuning jobs (%s); only looking up", exc)
-                return self._ask_server(wl, key, enqueue=False)
+                return self._ask_server(wl, key, deadline, enqueue=False)
             raise
         try:
-            answer = Answer(
-                TileConfig.from_dict(data["config"]),
-                data["source"],
-                "server",
-                key,
-                opt_int(data.get("config_id")),
-                opt_int(data.get("snapshot")),
-                opt_int(data.get("job_id")),
-            )
-            if answer.source not in SERVER_SOURCES or data.get("workload_key") != key:
-                raise ValueError(f"source {answer.source!r}, workload_key {data.get('workload_key')!r}")
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            answer = server_answer(data, wl, self.settings.snapshot)
+        except AnswerFormatError as exc:
             self.breaker.failure()
             self._count("server_failures")
             raise ServerUnavailable(f"malformed answer from {self.settings.server_url}: {exc}") from None
         self._saw_snapshot(answer.snapshot)
         return answer
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One call with retries inside the timeout budget; every failure mode becomes ServerUnavailable
-        (counted by the breaker) or ServerRejected (4xx: the server is fine, the request is not)."""
+    def _request(self, method: str, path: str, deadline: float, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One call, retried until ``deadline`` (``time.monotonic()``): every attempt and the back-off
+        between them end by it. Every failure becomes ServerUnavailable (counted by the breaker) or
+        ServerRejected (4xx: the server is fine, the request is not)."""
         if not self.breaker.allow():
             self._count("breaker_rejections")
             raise ServerUnavailable(f"circuit breaker open after failed calls to {self.settings.server_url}")
-        deadline = time.monotonic() + self.settings.timeout_s
         client = self._client()
         attempt = 0
         headers = {"authorization": f"Bearer {self.settings.token}"} if self.settings.token else None
         while True:
-            remaining = deadline - time.monotonic()
             self._count("requests")
             try:
-                response = client.request(method, path, json=body, headers=headers, timeout=max(remaining, 0.001))
-                if response.status_code >= 500 or response.status_code == 429:
-                    raise ServerUnavailable(f"{response.status_code} from {self.settings.server_url}{path}")
-                if response.status_code >= 400:
+                reply = exchange(
+                    client, method, path, deadline=deadline, max_bytes=MAX_DOCUMENT_BYTES, json=body, headers=headers
+                )
+                if 400 <= reply.status < 500 and reply.status != 429:
                     self.breaker.success()
-                    raise ServerRejected(response.status_code, _message(response))
-                data = response.json()
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
+                    raise ServerRejected(reply.status, rejection_message(reply.body))
+                if not 200 <= reply.status < 300:
+                    raise ServerUnavailable(f"{reply.status} from {self.settings.server_url}{path}")
+                data = parse_document(reply.body, "answer")
                 self.breaker.success()
-                return cast(dict[str, Any], data)
-            except (httpx.HTTPError, ServerUnavailable, ValueError) as exc:
+                return data
+            except (ExchangeError, ServerUnavailable, AnswerFormatError) as exc:
                 attempt += 1
-                reason = exc if isinstance(exc, ServerUnavailable) else f"{type(exc).__name__}: {exc}"
+                reason = str(exc)
                 delay = BACKOFF_S * 2 ** (attempt - 1) * (0.5 + random.random())
                 if attempt > self.settings.retries or time.monotonic() + delay >= deadline:
                     self.breaker.failure()
@@ -403,26 +418,30 @@ class TileClient:
             if self._http is None or self._pid != os.getpid():  # a forked child gets its own connections
                 url = cast(str, self.settings.server_url)
                 # Loading the CA bundle costs ~50 ms (300 ms the first time): only for https.
-                self._http = httpx.Client(base_url=url, verify=url.startswith("https://"))
+                self._http = httpx.Client(base_url=url, verify=url.startswith("https://"), transport=self._transport)
                 self._pid = os.getpid()
             return self._http
 
     def _wait_for_job(self, wl: Workload, key: str, answer: Answer) -> Answer:
-        """Poll the answer's job until it ends or the wait times out; a done job's config is looked up again."""
-        deadline = time.monotonic() + self.settings.wait_timeout_s
+        """Poll the answer's job until it ends or the wait times out; a done job's config is looked up again.
+
+        Every poll ends by the timeout and by the end of the wait; the lookup of a done job's
+        config has the timeout of its own."""
+        wait_end = time.monotonic() + self.settings.wait_timeout_s
         interval = min(self.settings.wait_poll_s, 0.25)
         log.info("tiletune: waiting up to %g s for tuning job %s", self.settings.wait_timeout_s, answer.job_id)
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = wait_end - time.monotonic()
             if remaining <= 0:
                 return dataclasses.replace(answer, detail=f"job {answer.job_id} still running after the wait")
             time.sleep(min(interval, remaining))
             interval = min(interval * 2, self.settings.wait_poll_s)
+            poll_deadline = min(time.monotonic() + self.settings.timeout_s, wait_end)
             try:
                 self._count("job_polls")
-                status = self._request("GET", f"/v1/jobs/{answer.job_id}").get("status")
+                status = self._request("GET", f"/v1/jobs/{answer.job_id}", poll_deadline).get("status")
                 if status == "done":
-                    return self._ask_server(wl, key, enqueue=False)
+                    return self._ask_server(wl, key, time.monotonic() + self.settings.timeout_s, enqueue=False)
             except (ServerUnavailable, ServerRejected) as exc:
                 if self.breaker.state != "closed" or isinstance(exc, ServerRejected):
                     return dataclasses.replace(answer, detail=f"stopped waiting: {exc}")
@@ -472,11 +491,3 @@ class TileClient:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        data = response.json()
-        return str(data.get("message") or data.get("detail") or response.text[:200])
-    except ValueError:
-        return response.text[:200]

@@ -456,9 +456,10 @@ def test_pinned_snapshot_keeps_its_configs(served: Served, make_client: Any, tmp
     assert pinned.lookup(workload()).snapshot == snapshot
     unpinned = make_client(server_url=served.base_url, cache_dir=tmp_path / "unpinned")
     assert unpinned.resolve(PATTERN, SHAPE, "xla", "float32") == OTHER
-    # A pinned answer never changes, so it is kept on disk for good.
+    # A pinned answer never changes: kept as long as a tuned one, whatever its source (expiry is mandatory).
     (entry,) = (tmp_path / "pinned").glob("*.json")
-    assert json.loads(entry.read_bytes())["expires_at"] is None
+    expires_in = json.loads(entry.read_bytes())["expires_at"] - time.time()
+    assert pinned.settings.cache_ttl_s - 60 < expires_in <= pinned.settings.cache_ttl_s
     again = make_client(server_url=served.base_url, cache_dir=tmp_path / "pinned", snapshot=snapshot)
     assert again.resolve(PATTERN, SHAPE, "xla", "float32") == TUNED and again.lookup(workload()).origin == "disk"
 
