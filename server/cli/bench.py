@@ -46,8 +46,10 @@ def bench_kernel_cmd(
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (default: float32 on xla).")] = None,
     blocks: Annotated[str | None, typer.Option(help="Square tile sizes to try, e.g. 64,128,256.")] = None,
     variants: Annotated[str | None, typer.Option(help="Variants to run, e.g. naive,compact.")] = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per measurement (at least).")] = 5,
-    min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed runs per measurement (at least).")] = 0.5,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs of each callable per round.")] = 1,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Interleaved rounds (each times every callable once, in a fresh order).")
+    ] = 10,
     tables: Annotated[str, typer.Option(help="Preset whose block-table build is timed ('' to skip).")] = "wan2.1-720p",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
@@ -71,7 +73,7 @@ def bench_kernel_cmd(
         blocks=ints(blocks, "--blocks"),
         variants=variant_list,
         repeats=repeats,
-        min_time_s=min_time,
+        rounds=rounds,
         table_preset=tables or None,
     )
     _run(bench_kernel, opts, print_kernel_report, as_json, errors=(ValueError,))
