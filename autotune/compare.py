@@ -31,6 +31,7 @@ MIN_EFFECT = 0.01
 MIN_RUNS = 5  # fewer runs cannot show a difference at ALPHA with this test: the sets are tied
 
 K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +74,13 @@ def tied_set(runs: Mapping[K, Sequence[float]]) -> list[K]:
 
 
 def interleaved(
-    candidates: Iterable[K], visit: Callable[[K], Sequence[float]], rounds: int, seed: int = 0
-) -> dict[K, list[float]]:
+    candidates: Iterable[K], visit: Callable[[K], Sequence[V]], rounds: int, seed: int = 0
+) -> dict[K, list[V]]:
     """``rounds`` rounds; each visits every candidate once, in a fresh random order. ``visit(k)``
-    returns the run times of one visit; the result holds every run of each candidate."""
+    returns the results of one visit (run times, or whole runs of a benchmark); the result
+    holds every one of each candidate, in the order they were taken."""
     keys = list(dict.fromkeys(candidates))
-    runs: dict[K, list[float]] = {k: [] for k in keys}
+    runs: dict[K, list[V]] = {k: [] for k in keys}
     rng = random.Random(seed)
     for _ in range(rounds):
         order = keys[:]
