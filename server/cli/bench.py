@@ -170,7 +170,9 @@ def bench_client_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset whose config is resolved.")] = "cpu-demo",
     rounds: Annotated[int, typer.Option(min=1, help="Alternating timed rounds of dict and memory lookups.")] = 7,
     number: Annotated[int, typer.Option(min=1, help="Calls per timed round of dict and memory lookups.")] = 200_000,
-    disk_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the disk cache.")] = 500,
+    disk_calls: Annotated[
+        int, typer.Option(min=1, help="New processes, each timing its first resolution from the disk cache.")
+    ] = 10,
     server_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the local server.")] = 30,
     timeout: Annotated[float, typer.Option(min=0.001, help="Client timeout (s) against the hanging server.")] = 0.5,
     hang_calls: Annotated[int, typer.Option(min=1, help="Resolutions against the hanging and refusing servers.")] = 3,
