@@ -47,6 +47,9 @@ def _child_main(
                 result = bench.retime(TileConfig.from_dict(config), runs)
             elif op == "dense":
                 result = bench.dense_ms(payload)
+            elif op == "anchor":
+                anchor, runs, config = payload
+                result = bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
             elif op == "stop":
                 return
             else:
@@ -202,6 +205,15 @@ class Supervisor:
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         try:
             return list(self._call("retime", (config.to_dict(), runs), "re-timing"))
+        except (ChildCrashedError, TimeoutError):
+            self._restart()
+            return []
+
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        """Runs of an anchor (see :meth:`autotune.measure.WorkloadBench.anchor_runs`); [] after a crash or hang."""
+        payload = (anchor, runs, config.to_dict() if config else None)
+        try:
+            return list(self._call("anchor", payload, f"timing the {anchor} anchor"))
         except (ChildCrashedError, TimeoutError):
             self._restart()
             return []

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autotune.compare import Difference, difference, interleaved
-from autotune.measure import RunStats, timed_runs
+from autotune.measure import RunStats, tiled_dense, timed_runs
 from kernel.attention import prepare_group, resolve_backend, sparse_attention
 from kernel.block_tables import _head_table
 from kernel.config import VARIANTS, TileConfig, Variant
@@ -117,13 +117,12 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     # Every timed callable, compiled first, then timed in interleaved rounds (one visit each per round, in a
     # fresh order): the anchors and the configs see the same machine, so their ratios are meaningful.
     # Anchors: jax.nn.dot_product_attention, and the same backend and tiles on an all-dense pattern.
-    dense_pattern = SparsityPattern(layout, (HeadPattern.dense(),) * pattern.num_heads)
     candidates: dict[str, tuple[Any, tuple[jax.Array, ...]]] = {"dense": (dense_attention, (q, k, v))}
     for b in blocks:
-        tiled = dataclasses.replace(
-            base, variant="compact", block_q=b, block_kv=b, block_kv_compute=0, align="none", head_grouping="all"
+        dense_pattern, tiles = tiled_dense(
+            pattern, dataclasses.replace(base, block_q=b, block_kv=b, block_kv_compute=0)
         )
-        candidates[f"tiled_dense:{b}"] = (_sparse_fn(dense_pattern, tiled, backend), (q, k, v))
+        candidates[f"tiled_dense:{b}"] = (_sparse_fn(dense_pattern, tiles, backend), (q, k, v))
     for i, config in enumerate(configs):
         candidates[f"config:{i}"] = (_sparse_fn(pattern, config, backend), (q, k, v))
     temporal = [h for h in range(pattern.num_heads) if pattern.heads[h].kind == "temporal"]
