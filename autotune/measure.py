@@ -337,8 +337,3 @@ class WorkloadBench:
             compiled = jax.jit(fn).lower(self.q, self.k, self.v).compile()
             self._remember(key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]
-
-    def dense_ms(self, repeats: int = 5) -> float:
-        """Median time of dense attention (jax.nn.dot_product_attention) on the same inputs."""
-        compiled = jax.jit(dense_attention).lower(self.q, self.k, self.v).compile()
-        return float(np.median(timed_runs(compiled, (self.q, self.k, self.v), repeats=repeats)[0]))

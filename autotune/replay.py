@@ -164,9 +164,6 @@ class ReplayMeasurer:
             return []
         return [recorded[i % len(recorded)] for i in range(runs)]
 
-    def dense_ms(self, repeats: int = 5) -> float | None:
-        return self.table.dense_ms
-
 
 def record_table(
     workload: Workload,

@@ -45,8 +45,6 @@ def _child_main(
             elif op == "retime":
                 config, runs = payload
                 result = bench.retime(TileConfig.from_dict(config), runs)
-            elif op == "dense":
-                result = bench.dense_ms(payload)
             elif op == "anchor":
                 anchor, runs, config = payload
                 result = bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
@@ -217,10 +215,3 @@ class Supervisor:
         except (ChildCrashedError, TimeoutError):
             self._restart()
             return []
-
-    def dense_ms(self, repeats: int = 5) -> float | None:
-        try:
-            return float(self._call("dense", repeats, "timing dense attention"))
-        except (ChildCrashedError, TimeoutError, RuntimeError):
-            self._restart()
-            return None
