@@ -106,6 +106,7 @@ def publish_winner(
         p10_ms=stats.p10_ms,
         p90_ms=stats.p90_ms,
         dense_ms=result.dense_ms,
+        tiled_dense_ms=result.anchor_ms("tiled_dense"),
         versions=versions,
         trial=trial,
     )

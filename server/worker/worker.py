@@ -344,7 +344,8 @@ class Worker:
         self.on_event(
             "tuned",
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
-             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms, "tuned_config_id": tuned_id},
+             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
+             "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 
