@@ -28,6 +28,7 @@ from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import Workload
 
+ANCHORED_CONFIGS = 8  # record_table times the tiled dense anchors of this many of the fastest configs
 TABLE_FORMAT = 2  # 2: interleaved runs, anchors and the recording's rounds; 1 (no anchors) still loads
 TABLES = Path(__file__).resolve().parent / "tables"  # the recorded tables shipped as package data
 
@@ -189,8 +190,10 @@ def record_table(
             checked[config.key] = (config, supervisor.measure(config))
             say(f"checked {config.describe()}", i + 1, len(configs))
         ok = {k: c for k, (c, m) in checked.items() if m.status == "ok"}
-        # One tiled dense anchor per tile size of the ok configs (its speedup is the sparsity's).
-        tiles = {tiled_dense(workload.pattern, c)[1].key: c for c in ok.values()}
+        # The tiled dense anchors of the fastest configs of the first pass: the ones a search can pick
+        # (timing one per tile size of the table would cost as much again as the table itself).
+        first_pass = sorted(ok, key=lambda k: checked[k][1].median_ms or float("inf"))[:ANCHORED_CONFIGS]
+        tiles = {tiled_dense(workload.pattern, ok[k])[1].key: ok[k] for k in first_pass}
         keys = [*ok, "dense", *(f"tiled_dense:{k}" for k in tiles)]
         visits = {"n": 0}
 

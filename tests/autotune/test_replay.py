@@ -116,11 +116,11 @@ def test_record_a_small_table_and_reload_it(tmp_path: Any) -> None:
     assert len(table.entries) == len(space.enumerate()) == 16
     assert all(m.status == "ok" and len(m.runs_ms) == 4 for _, m in table.entries.values())  # one run per round
     # The anchors were timed in the same rounds: the library's dense and one tiled dense per tile size.
-    assert table.rounds == 4 and set(table.anchors) == {"dense"} | {
-        f"tiled_dense:{tiled_dense(workload.pattern, c)[1].key}" for c, _ in table.entries.values()
-    }
-    assert all(len(runs) == 4 for runs in table.anchors.values()) and len(table.anchors) == 1 + 4
-    assert visits[-1] == ("timing in interleaved rounds", (16 + 5) * 4, (16 + 5) * 4)
+    tiles = {f"tiled_dense:{tiled_dense(workload.pattern, c)[1].key}" for c, _ in table.entries.values()}
+    assert table.rounds == 4 and "dense" in table.anchors and set(table.anchors) - {"dense"} <= tiles
+    assert all(len(runs) == 4 for runs in table.anchors.values())
+    timed = 16 + len(table.anchors)
+    assert visits[-1] == ("timing in interleaved rounds", timed * 4, timed * 4)
     assert table.dense_ms == pytest.approx(float(np.median(table.anchors["dense"])))
     path = tmp_path / "t.json"
     table.save(path)
