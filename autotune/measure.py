@@ -39,6 +39,7 @@ import numpy as np
 
 from kernel.attention import sparse_attention
 from kernel.config import TileConfig
+from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import TOLERANCE, dense_attention, reference_attention
 from kernel.workload import Workload
 
@@ -119,6 +120,20 @@ class MeasureOptions:
     prune_after: int = 3
     prune_factor: float = 2.0
     seed: int = 0
+    keep_compiled: int = 8  # executables kept for re-timing (an exhaustive recording keeps them all)
+
+
+ANCHORS = ("dense", "tiled_dense")
+
+
+def tiled_dense(pattern: SparsityPattern, config: TileConfig) -> tuple[SparsityPattern, TileConfig]:
+    """The tiled dense anchor of ``config``: the same backend and tiles on an all-dense pattern
+    (compact traversal, no alignment, one call for all heads), so a speedup over it counts only
+    the work the sparsity saves, not the backend's."""
+    dense = SparsityPattern(pattern.layout, (HeadPattern.dense(),) * pattern.num_heads)
+    return dense, dataclasses.replace(
+        config, variant="compact", block_kv_compute=config.block_kv, align="none", head_grouping="all"
+    )
 
 
 @dataclasses.dataclass
@@ -197,7 +212,6 @@ class WorkloadBench:
         backend: str,
         options: MeasureOptions | None = None,
         inject: dict[str, str] | None = None,
-        cache_size: int = 8,
     ) -> None:
         self.workload = workload
         self.backend = backend
@@ -216,10 +230,9 @@ class WorkloadBench:
         self.reference = reference_attention(q32, k32, v32, pattern, rows=self.rows)
         self.tolerance = TOLERANCE[workload.dtype]
         self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self._cache_size = cache_size
 
-    def _fn(self, config: TileConfig) -> Any:
-        pattern, backend = self.workload.pattern, self.backend
+    def _fn(self, config: TileConfig, pattern: SparsityPattern | None = None) -> Any:
+        pattern, backend = pattern or self.workload.pattern, self.backend
 
         def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
             return sparse_attention(q, k, v, pattern, config, backend)
@@ -298,7 +311,7 @@ class WorkloadBench:
     def _remember(self, key: str, compiled: Any) -> None:
         self._compiled[key] = compiled
         self._compiled.move_to_end(key)
-        while len(self._compiled) > self._cache_size:
+        while len(self._compiled) > max(1, self.options.keep_compiled):
             self._compiled.popitem(last=False)
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
@@ -309,7 +322,18 @@ class WorkloadBench:
             self._remember(config.key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]
 
-    def dense_ms(self, repeats: int = 5) -> float:
-        """Median time of dense attention (jax.nn.dot_product_attention) on the same inputs."""
-        compiled = jax.jit(dense_attention).lower(self.q, self.k, self.v).compile()
-        return float(np.median(timed_runs(compiled, (self.q, self.k, self.v), repeats=repeats)[0]))
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        """``runs`` timed runs of an anchor on the same inputs: ``dense`` is the library's dense attention
+        (jax.nn.dot_product_attention), ``tiled_dense`` :func:`tiled_dense` of ``config``."""
+        if anchor == "dense":
+            key, fn = "anchor:dense", dense_attention
+        elif anchor == "tiled_dense" and config is not None:
+            pattern, tiles = tiled_dense(self.workload.pattern, config)
+            key, fn = f"anchor:tiled_dense:{tiles.key}", self._fn(tiles, pattern)
+        else:
+            raise ValueError(f"anchor must be one of {ANCHORS} (tiled_dense with a config), got {anchor!r}")
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = jax.jit(fn).lower(self.q, self.k, self.v).compile()
+            self._remember(key, compiled)
+        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]

@@ -20,14 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.measure import Measurement, MeasureOptions
+from autotune.compare import interleaved, tied_set
+from autotune.measure import Measurement, MeasureOptions, RunStats, tiled_dense
 from autotune.space import SearchSpace
 from autotune.supervisor import MeasurementAborted, Supervisor
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import Workload
 
-TABLE_FORMAT = 1
+ANCHORED_CONFIGS = 8  # record_table times the tiled dense anchors of this many of the fastest configs
+TABLE_FORMAT = 2  # 2: interleaved runs, anchors and the recording's rounds; 1 (no anchors) still loads
 TABLES = Path(__file__).resolve().parent / "tables"  # the recorded tables shipped as package data
 
 
@@ -42,12 +44,22 @@ def bundled_table(name: str) -> Path:
 
 @dataclasses.dataclass
 class RecordedTable:
+    """Every valid config of a workload measured once, its runs taken in interleaved rounds.
+
+    ``anchors`` holds the runs of the anchors timed in the same rounds: ``dense``
+    (the library's dense attention) and ``tiled_dense:<config key>`` (the tiled
+    dense anchor of each distinct tile size; :func:`autotune.measure.tiled_dense`).
+    ``rounds`` is how many rounds the runs came from (0: a format-1 table).
+    """
+
     workload: Workload
     backend: str
     device_kind: str
     entries: dict[str, tuple[TileConfig, Measurement]]
     dense_ms: float | None = None
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    anchors: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    rounds: int = 0
 
     @property
     def best(self) -> tuple[TileConfig, Measurement]:
@@ -55,6 +67,12 @@ class RecordedTable:
         if not ok:
             raise ValueError("the table has no ok entry")
         return min(ok, key=lambda cm: cm[1].median_ms or 0.0)
+
+    def tied_with_best(self) -> set[str]:
+        """Keys of the configs statistically tied with the fastest (:func:`autotune.compare.tied_set`):
+        reaching any of them is a search's success."""
+        ok = {k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok" and m.runs_ms}
+        return set(tied_set(ok))
 
     def space(self) -> SearchSpace:
         return SearchSpace(self.workload, self.backend)
@@ -67,6 +85,8 @@ class RecordedTable:
             "device_kind": self.device_kind,
             "dense_ms": self.dense_ms,
             "versions": self.versions,
+            "rounds": self.rounds,
+            "anchors": {name: list(runs) for name, runs in self.anchors.items()},
             "entries": [
                 {"config": c.to_dict(), **{k: v for k, v in m.to_dict().items() if v not in (None, ())}}
                 for c, m in self.entries.values()
@@ -79,7 +99,7 @@ class RecordedTable:
     @classmethod
     def load(cls, path: str | Path) -> RecordedTable:
         data = json.loads(Path(path).read_text())
-        if data.get("format") != TABLE_FORMAT:
+        if data.get("format") not in (1, TABLE_FORMAT):
             raise ValueError(f"{path}: not a tiletune table (format {data.get('format')!r})")
         entries = {}
         for item in data["entries"]:
@@ -92,6 +112,8 @@ class RecordedTable:
             entries,
             data.get("dense_ms"),
             data.get("versions", {}),
+            {name: tuple(runs) for name, runs in data.get("anchors", {}).items()},
+            int(data.get("rounds", 0)),
         )
 
 
@@ -133,29 +155,72 @@ class ReplayMeasurer:
         recorded = list(entry[1].runs_ms)
         return [recorded[i % len(recorded)] for i in range(runs)]
 
-    def dense_ms(self, repeats: int = 5) -> float | None:
-        return self.table.dense_ms
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        """Recorded runs of an anchor (cycled to ``runs``); [] when the table holds none."""
+        if anchor == "tiled_dense" and config is not None:
+            recorded = self.table.anchors.get(f"tiled_dense:{tiled_dense(self.table.workload.pattern, config)[1].key}")
+        else:
+            recorded = self.table.anchors.get(anchor)
+        if not recorded:
+            return []
+        return [recorded[i % len(recorded)] for i in range(runs)]
 
 
 def record_table(
     workload: Workload,
     *,
     measure: MeasureOptions | None = None,
+    rounds: int = 10,
     trial_timeout_s: float = 300.0,
-    progress: Callable[[int, int, TileConfig, Measurement], None] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
     space: SearchSpace | None = None,
+    seed: int = 0,
 ) -> RecordedTable:
-    """Measure every valid config of ``space`` (default: the workload's full space) once,
-    supervised as a real study is."""
+    """Measure every valid config of ``space`` (default: the workload's full space), supervised as a
+    real study is: each config is compiled and checked once, then every ok config and the anchors are
+    timed in ``rounds`` interleaved rounds (:func:`autotune.compare.interleaved`), so the table's
+    figures are comparable with each other. ``progress(stage, done, total)`` follows both phases."""
     space = space or SearchSpace(workload, workload.backend)
     configs = space.enumerate()
-    entries = {}
-    with Supervisor(workload, workload.backend, measure, trial_timeout_s) as supervisor:
+    first = dataclasses.replace(measure or MeasureOptions(), repeats=1, min_time_s=0.0, keep_compiled=len(configs) + 64)
+    say = progress or (lambda _stage, _done, _total: None)
+    checked: dict[str, tuple[TileConfig, Measurement]] = {}
+    with Supervisor(workload, workload.backend, first, trial_timeout_s) as supervisor:
         for i, config in enumerate(configs):
-            m = supervisor.measure(config)
-            entries[config.key] = (config, m)
-            if progress is not None:
-                progress(i + 1, len(configs), config, m)
-        dense = supervisor.dense_ms()
+            checked[config.key] = (config, supervisor.measure(config))
+            say(f"checked {config.describe()}", i + 1, len(configs))
+        ok = {k: c for k, (c, m) in checked.items() if m.status == "ok"}
+        # The tiled dense anchors of the fastest configs of the first pass: the ones a search can pick
+        # (timing one per tile size of the table would cost as much again as the table itself).
+        first_pass = sorted(ok, key=lambda k: checked[k][1].median_ms or float("inf"))[:ANCHORED_CONFIGS]
+        tiles = {tiled_dense(workload.pattern, ok[k])[1].key: ok[k] for k in first_pass}
+        keys = [*ok, "dense", *(f"tiled_dense:{k}" for k in tiles)]
+        visits = {"n": 0}
+
+        def visit(key: str) -> list[float]:
+            visits["n"] += 1
+            say("timing in interleaved rounds", visits["n"], len(keys) * rounds)
+            if key == "dense":
+                return supervisor.anchor_runs("dense", 1)
+            if key.startswith("tiled_dense:"):
+                return supervisor.anchor_runs("tiled_dense", 1, tiles[key.split(":", 1)[1]])
+            return supervisor.retime(ok[key], 1)
+
+        runs = interleaved(keys, visit, rounds, seed=seed)
+    entries = {}
+    for key, (config, m) in checked.items():
+        timed = tuple(runs[key]) if key in ok else m.runs_ms
+        entries[key] = (config, dataclasses.replace(m, runs_ms=timed))
+    anchors = {k: tuple(v) for k, v in runs.items() if k not in ok}
+    dense = RunStats.of(anchors.get("dense", ()))
     versions = {k: v for k, v in software_versions().items() if v}
-    return RecordedTable(workload, workload.backend, workload.device_kind, entries, dense, versions)
+    return RecordedTable(
+        workload,
+        workload.backend,
+        workload.device_kind,
+        entries,
+        dense.median_ms if dense else None,
+        versions,
+        anchors,
+        rounds,
+    )

@@ -24,10 +24,12 @@ from typing import Any, Protocol
 import numpy as np
 import optuna
 
+from autotune.compare import interleaved, tied_set
 from autotune.measure import Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
 from kernel.config import TileConfig
+from kernel.cost import grid_steps
 from kernel.heuristic import heuristic_config
 
 MAX_STALE_ASKS = 25
@@ -36,7 +38,7 @@ MAX_STALE_ASKS = 25
 class Measurer(Protocol):
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement: ...
     def retime(self, config: TileConfig, runs: int) -> list[float]: ...
-    def dense_ms(self, repeats: int = 5) -> float | None: ...
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]: ...
 
 
 class Coordinator(Protocol):
@@ -65,8 +67,8 @@ class SearchOptions:
     seed: int = 0
     timeout_s: float | None = None  # whole-search time budget
     top_k: int = 3
-    retime_rounds: int = 4
-    retime_runs: int = 2
+    retime_rounds: int = 5  # interleaved rounds of the finalists, then of the winner with its anchors
+    retime_runs: int = 2  # runs per visit: retime_rounds x retime_runs runs each (10: enough for the tests)
     prune: bool = True
     prune_factor: float = 2.0
     seed_configs: tuple[TileConfig, ...] = ()
@@ -87,9 +89,19 @@ class SearchResult:
     best: TrialResult | None
     best_runs_ms: tuple[float, ...] = ()
     finalists: list[tuple[TileConfig, tuple[float, ...]]] = dataclasses.field(default_factory=list)
-    dense_ms: float | None = None
+    tied: list[TileConfig] = dataclasses.field(default_factory=list)  # finalists tied with the fastest
+    anchors: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # timed beside the winner
     invalid: int = 0
     repeated: int = 0
+
+    @property
+    def dense_ms(self) -> float | None:
+        """Median of the library's dense attention, timed in the rounds of the winner."""
+        return self.anchor_ms("dense")
+
+    def anchor_ms(self, anchor: str) -> float | None:
+        stats = RunStats.of(self.anchors.get(anchor, ()))
+        return stats.median_ms if stats else None
 
     @property
     def best_stats(self) -> RunStats | None:
@@ -237,7 +249,7 @@ def run_search(
         if on_trial is not None:
             on_trial(record, result)
     if finalize:
-        pick_winner(result, measurer, options)
+        pick_winner(result, measurer, options, space)
     return result
 
 
@@ -252,25 +264,51 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float, feasible: bool
     study.tell(trial, value)
 
 
-def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions) -> None:
-    """Re-time the top ``options.top_k`` ok trials of ``result`` in interleaved rounds; the best
-    median wins (``result.best``, with its runs in ``result.best_runs_ms``)."""
+def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions, space: SearchSpace) -> None:
+    """Choose the winner of ``result`` by a statistical comparison, and time it beside its anchors.
+
+    1. The top ``options.top_k`` ok trials (by their first median) are re-timed in
+       interleaved rounds (:func:`autotune.compare.interleaved`).
+    2. The finalists tied with the fastest (:func:`autotune.compare.tied_set`) are
+       ranked by less padding, then fewer grid steps, then median: a tie is decided by
+       the work a config does, not by which one happened to run faster this time.
+    3. The winner and its anchors (the library's dense attention, and the same
+       backend's tiled dense at the winner's tiles) are timed in interleaved rounds:
+       ``result.best_runs_ms`` and ``result.anchors``, so the speedup a user is shown
+       comes from runs taken side by side.
+    """
     ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
     finalists = ok[: max(1, options.top_k)]
     if not finalists:
         result.best = None
         return
-    runs: dict[int, list[float]] = {t.number: [] for t in finalists}
-    for _ in range(options.retime_rounds):
-        for t in finalists:
-            runs[t.number] += measurer.retime(t.config, options.retime_runs)
+    by_number = {t.number: t for t in finalists}
+    runs = interleaved(
+        by_number,
+        lambda n: measurer.retime(by_number[n].config, options.retime_runs),
+        options.retime_rounds,
+        options.seed,
+    )
+    tied = [by_number[n] for n in tied_set(runs)] or finalists
 
-    def median(number: int) -> float:
-        stats = RunStats.of(runs[number])
-        return stats.median_ms if stats else float("inf")
+    def cost(t: TrialResult) -> tuple[float, int, float]:
+        stats = RunStats.of(runs[t.number])
+        steps = grid_steps(space.pattern, t.config, space.backend)
+        return (round(space.padding(t.config), 6), steps, stats.median_ms if stats else float("inf"))
 
-    scored = [(median(t.number), t) for t in finalists]
-    scored.sort(key=lambda pair: pair[0])
-    result.finalists = [(t.config, tuple(runs[t.number])) for _, t in scored]
-    result.best = scored[0][1]
-    result.best_runs_ms = tuple(runs[result.best.number]) or result.best.measurement.runs_ms
+    winner = min(tied, key=cost)
+    result.best = winner
+    result.tied = [t.config for t in tied]
+    result.finalists = [(t.config, tuple(runs[t.number])) for t in finalists]
+    anchored = interleaved(
+        ("winner", "dense", "tiled_dense"),
+        lambda name: (
+            measurer.retime(winner.config, options.retime_runs)
+            if name == "winner"
+            else measurer.anchor_runs(name, options.retime_runs, winner.config)
+        ),
+        options.retime_rounds,
+        options.seed + 1,
+    )
+    result.best_runs_ms = tuple(anchored["winner"]) or tuple(runs[winner.number]) or winner.measurement.runs_ms
+    result.anchors = {name: tuple(v) for name, v in anchored.items() if name != "winner" and v}

@@ -45,8 +45,9 @@ def _child_main(
             elif op == "retime":
                 config, runs = payload
                 result = bench.retime(TileConfig.from_dict(config), runs)
-            elif op == "dense":
-                result = bench.dense_ms(payload)
+            elif op == "anchor":
+                anchor, runs, config = payload
+                result = bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
             elif op == "stop":
                 return
             else:
@@ -206,9 +207,11 @@ class Supervisor:
             self._restart()
             return []
 
-    def dense_ms(self, repeats: int = 5) -> float | None:
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        """Runs of an anchor (see :meth:`autotune.measure.WorkloadBench.anchor_runs`); [] after a crash or hang."""
+        payload = (anchor, runs, config.to_dict() if config else None)
         try:
-            return float(self._call("dense", repeats, "timing dense attention"))
-        except (ChildCrashedError, TimeoutError, RuntimeError):
+            return list(self._call("anchor", payload, f"timing the {anchor} anchor"))
+        except (ChildCrashedError, TimeoutError):
             self._restart()
-            return None
+            return []

@@ -69,7 +69,13 @@ def tuned_out(t: models.TunedConfig, key: str) -> TunedConfigOut:
         workload_key=key,
         config=t.config,
         timing=TimingOut(
-            median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms, dense_ms=t.dense_ms, speedup=t.speedup
+            median_ms=t.median_ms,
+            p10_ms=t.p10_ms,
+            p90_ms=t.p90_ms,
+            dense_ms=t.dense_ms,
+            speedup=t.speedup,
+            tiled_dense_ms=t.tiled_dense_ms,
+            speedup_vs_tiled_dense=t.speedup_vs_tiled_dense,
         ),
         versions=Versions(jax=t.jax_version, jaxlib=t.jaxlib_version, libtpu=t.libtpu_version),
         is_current=t.is_current,

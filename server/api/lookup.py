@@ -71,11 +71,16 @@ async def lookup(body: LookupRequest, request: Request, settings: SettingsDep, d
 
 def timing_json(t: dict[str, Any]) -> dict[str, Any]:
     """The TimingOut JSON of a tuned config's columns."""
-    speedup = t["dense_ms"] / t["median_ms"] if t["dense_ms"] and t["median_ms"] else None
+
+    def over(anchor: float | None) -> float | None:
+        return anchor / t["median_ms"] if anchor and t["median_ms"] else None
+
     return {
         "median_ms": t["median_ms"],
         "p10_ms": t["p10_ms"],
         "p90_ms": t["p90_ms"],
         "dense_ms": t["dense_ms"],
-        "speedup": speedup,
+        "speedup": over(t["dense_ms"]),
+        "tiled_dense_ms": t["tiled_dense_ms"],
+        "speedup_vs_tiled_dense": over(t["tiled_dense_ms"]),
     }

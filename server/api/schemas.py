@@ -115,11 +115,19 @@ class TileConfigOut(BaseModel):
 
 
 class TimingOut(BaseModel):
+    """Times of a tuned config and of its two anchors, all taken in the same interleaved rounds."""
+
     median_ms: float
     p10_ms: float | None = None
     p90_ms: float | None = None
-    dense_ms: float | None = None
-    speedup: float | None = Field(None, description="dense_ms / median_ms, when the dense time was measured")
+    dense_ms: float | None = Field(None, description="The library's dense attention (jax.nn.dot_product_attention)")
+    speedup: float | None = Field(None, description="dense_ms / median_ms: the speedup over the library's dense")
+    tiled_dense_ms: float | None = Field(
+        None, description="The same backend running these tiles on an all-dense pattern (the tiled dense anchor)"
+    )
+    speedup_vs_tiled_dense: float | None = Field(
+        None, description="tiled_dense_ms / median_ms: what the sparsity saves on this backend"
+    )
 
 
 class LookupResponse(BaseModel):

@@ -1,11 +1,13 @@
 """``tiletune bench client``: what a model pays for its config, beside a plain dict lookup measured in the same run.
 
-- ``dict``: ``table[key]`` with a precomputed key: what a hand-written dict of
-  tuned block sizes costs, the floor;
+- ``dict``: what a hand-written table of tuned block sizes costs, the floor: a
+  function called with the resolver's own arguments that answers ``table[shape]``
+  (the same 4-int tuple key the client's hot path uses);
 - ``memory``: :meth:`TileClient.resolve` answered from its in-memory table (what
   every eager call, and every trace under ``jax.jit``, pays once the shape is known);
-- ``disk``: the first resolution of a shape in a new process whose answer is on
-  disk (the in-memory tables are cleared before every call);
+- ``disk``: the first resolution of a shape in a *new process* whose answer is on
+  disk (the server is gone): ``--disk-calls`` fresh interpreters each import the
+  client, build it and time its first ``resolve`` (the import is reported apart);
 - ``server_cold``: a new client (new connection, no disk cache) asking a local
   server: uvicorn on loopback with a temporary SQLite database holding the tuned
   config, started as ``tiletune bench service`` starts it;
@@ -16,21 +18,24 @@
 - ``refused``: nothing listening: the time until the heuristic (retries with
   back-off inside the timeout).
 
-``dict`` and ``memory`` are timed in alternating rounds (A B A B ...) so a change
-of the machine's load touches both; only their ratio is meaningful on a shared
-machine, and it is the median over rounds of the ratio within a round. An empty
-timing loop is measured too, and the ratio is reported with and without it.
+``dict``, ``memory`` and an empty timing loop are timed in interleaved rounds
+(each round times all three, in a fresh random order) so a change of the
+machine's load touches all alike; only their ratio is meaningful on a shared
+machine, and it is the median over rounds of the ratio within a round, with and
+without the cost of the timing loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -40,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.client import TileClient
+from autotune.compare import interleaved
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 from kernel.presets import get_preset
-from server.bench.harness import HOST, free_port
+from server.bench.harness import HOST, Child, free_port
 from server.bench.load import latency_summary
 from server.bench.service import APP_TARGET, serving
 from server.store import records, workloads
@@ -62,7 +68,7 @@ class ClientBenchOptions:
     preset: str = "cpu-demo"
     rounds: int = 7
     number: int = 200_000  # calls per timed round of dict / memory
-    disk_calls: int = 500
+    disk_calls: int = 10  # new processes, each timing its first resolution from disk
     server_calls: int = 30
     timeout_s: float = 0.5
     hang_calls: int = 3
@@ -161,19 +167,14 @@ def run_client_bench(opts: ClientBenchOptions, progress: Callable[[str], None] |
                 warm = _timed(ask_again, opts.server_calls)
             with TileClient(server_url=server.base_url, cache_dir=tmp / "cache", timeout_s=30.0) as client:
                 client.resolve(pattern, shape, backend, dtype)  # writes the disk entry
-        say("disk and memory lookups")
+        say(f"first resolutions in {opts.disk_calls} new processes")
         # The server is gone: a request would fail (and be counted), so only the disk can answer.
+        disk, imports = _first_resolutions(opts, base_url, tmp / "cache")
+        say("memory lookups")
         with TileClient(server_url=base_url, cache_dir=tmp / "cache", timeout_s=opts.timeout_s) as client:
-
-            def from_disk() -> None:
-                client.clear_memory()
-                client.resolve(pattern, shape, backend, dtype)
-
-            disk = _timed(from_disk, opts.disk_calls)
-            if client.stats.get("requests") or client.lookup(wl).origin != "disk":
-                raise RuntimeError("the disk entry was not used")
             report["lookups"] = _memory_vs_dict(client, pattern, shape, backend, dtype, opts)
             report["lookups"]["disk"] = latency_summary(disk)
+            report["lookups"]["disk"]["import_client_ms"] = latency_summary(imports)["p50_ms"]
         report["lookups"]["server_cold"] = latency_summary(cold)
         report["lookups"]["server_warm"] = latency_summary(warm)
 
@@ -198,32 +199,73 @@ def run_client_bench(opts: ClientBenchOptions, progress: Callable[[str], None] |
     return report
 
 
+# One new process's first resolution: the server is gone, the answer is on disk.
+FIRST_RESOLUTION = """
+import json, sys, time
+t0 = time.perf_counter()
+from autotune.client import TileClient
+from autotune.compare import interleaved
+from kernel.presets import get_preset
+t1 = time.perf_counter()
+preset, server_url, cache_dir, timeout_s = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+pattern = get_preset(preset).pattern()
+shape = (1, pattern.num_heads, pattern.seq_len, get_preset(preset).head_dim)
+client = TileClient(server_url=server_url, cache_dir=cache_dir, timeout_s=timeout_s)
+t2 = time.perf_counter()
+config = client.resolve(pattern, shape, "xla", "float32")
+t3 = time.perf_counter()
+origin = client.lookup(TileClient.workload(pattern, shape, "xla", "float32")).origin
+print(json.dumps({"import_s": t1 - t0, "first_resolve_s": t3 - t2, "origin": origin,
+                  "requests": client.stats.get("requests", 0), "config": config.to_dict()}))
+"""
+
+
+def _first_resolutions(opts: ClientBenchOptions, server_url: str, cache_dir: Path) -> tuple[list[float], list[float]]:
+    """(first-resolve seconds, import seconds) of ``opts.disk_calls`` new processes answered from disk."""
+    resolves: list[float] = []
+    imports: list[float] = []
+    for _ in range(opts.disk_calls):
+        argv = [sys.executable, "-c", FIRST_RESOLUTION, opts.preset, server_url, str(cache_dir), str(opts.timeout_s)]
+        child = Child("first resolution", argv)
+        code = child.wait(120)
+        output = child.output()
+        child.close()
+        if code != 0:
+            raise RuntimeError(f"a first resolution failed (exit {code}):\n{output[-2000:]}")
+        answer = json.loads(output.strip().splitlines()[-1])
+        if answer["requests"] or answer["origin"] != "disk" or TileConfig.from_dict(answer["config"]) != BENCH_CONFIG:
+            raise RuntimeError(f"the disk entry was not used by a new process: {answer}")
+        resolves.append(answer["first_resolve_s"])
+        imports.append(answer["import_s"])
+    return resolves, imports
+
+
 def _memory_vs_dict(
     client: TileClient, pattern: Any, shape: tuple[int, ...], backend: str, dtype: str, opts: ClientBenchOptions
 ) -> dict[str, Any]:
     """Per-call ns of each statement (median and min over the rounds) and the median over rounds of
     memory / dict, each round timing both back to back. Operands are bound in timeit's setup, so
     they are locals of the timing function, as the kernel's are when it calls its resolver."""
-    table = {client.lookup(TileClient.workload(pattern, shape, backend, dtype)).workload_key: BENCH_CONFIG}
-    (key,) = table
-    scope = {"client": client, "the_pattern": pattern, "the_shape": shape, "the_backend": backend}
-    scope.update(the_dtype=dtype, the_table=table, the_key=key)
+    table = {shape: BENCH_CONFIG}
+
+    def hand_written(pattern: Any, shape: tuple[int, ...], backend: str, dtype: str) -> TileConfig:
+        return table[shape]
+
+    scope = {"client": client, "the_table": hand_written, "the_pattern": pattern, "the_shape": shape}
+    scope.update(the_backend=backend, the_dtype=dtype)
     setup = (
         "resolve, pattern, shape, backend, dtype = client.resolve, the_pattern, the_shape, the_backend, the_dtype\n"
-        "table, key = the_table, the_key"
+        "tuned = the_table"
     )
     statements = {
         "empty_loop": "pass",
-        "dict": "table[key]",
+        "dict": "tuned(pattern, shape, backend, dtype)",
         "memory": "resolve(pattern, shape, backend, dtype)",
     }
     if client.resolve(pattern, shape, backend, dtype) != BENCH_CONFIG:
         raise RuntimeError("the in-memory table does not hold the seeded config")
     timers = {name: timeit.Timer(stmt, setup, globals=scope) for name, stmt in statements.items()}
-    rounds: dict[str, list[float]] = {name: [] for name in statements}
-    for _ in range(opts.rounds):
-        for name, timer in timers.items():
-            rounds[name].append(timer.timeit(opts.number) / opts.number * 1e9)
+    rounds = interleaved(statements, lambda name: [timers[name].timeit(opts.number) / opts.number * 1e9], opts.rounds)
     out: dict[str, Any] = {
         name: {"ns": round(statistics.median(v), 2), "min_ns": round(min(v), 2), "statement": statements[name]}
         for name, v in rounds.items()
@@ -271,18 +313,21 @@ def print_client_report(report: dict[str, Any], out: Any) -> None:
     """The report as a rich table on ``out`` (a rich Console)."""
     from rich.table import Table
 
-    o, w, lk, r = report["options"], report["workload"], report["lookups"], report["ratios"]
+    opts, w, lk, r = report["options"], report["workload"], report["lookups"], report["ratios"]
     out.print(
         f"[bold]tiletune bench client[/bold]: {w['pattern']}, shape {w['shape']} on {w['device_kind']}, "
-        f"{o['cpus']} CPUs; {o['rounds']} alternating rounds of {o['number']:,} calls for dict and memory"
+        f"{opts['cpus']} CPUs; {opts['rounds']} interleaved rounds of {opts['number']:,} calls for dict and memory"
     )
     from rich.markup import escape
 
     table = Table("path", "per call", "p90", "max", "calls", "what")
-    for name, what in (("dict", escape(lk["dict"]["statement"])), ("memory", "TileClient.resolve, in-memory hit")):
+    for name, what in (
+        ("dict", escape(lk["dict"]["statement"] + ": a hand-written table[shape]")),
+        ("memory", "TileClient.resolve, in-memory hit"),
+    ):
         table.add_row(name, f"{lk[name]['ns']:.1f} ns", "-", f"min {lk[name]['min_ns']:.1f} ns", "-", what)
     for name, what in (
-        ("disk", "first resolution in a process, answer on disk"),
+        ("disk", f"first resolution in a new process from disk (import: {lk['disk']['import_client_ms']:.0f} ms)"),
         ("server_cold", "new client and connection, local uvicorn + SQLite"),
         ("server_warm", "the same client asking again (keep-alive)"),
     ):

@@ -1,12 +1,16 @@
 """``tiletune bench kernel``: the sparse kernel against dense attention, side by side.
 
 For one workload (a preset, optionally with its layout or heads overridden) it
-measures, in one process: dense attention with ``jax.nn.dot_product_attention``
-(the dense anchor on this backend), every requested variant/config of the
-sparse kernel (after checking its output on sampled rows against the float64
-reference), the temporal heads with and without the temporal-major permutation,
-and the time and peak memory of building the block tables of ``wan2.1-720p``.
-Only ratios of figures from the same run are meaningful on a shared machine.
+times, in one process and in interleaved rounds (every callable once per round,
+in a fresh order: :func:`autotune.compare.interleaved`): dense attention with
+``jax.nn.dot_product_attention`` (the library's dense anchor), the same backend
+running the same tiles on an all-dense pattern (the tiled dense anchor), every
+requested variant/config of the sparse kernel (its output checked on sampled
+rows against the float64 reference), and the temporal heads with and without
+the temporal-major permutation. Every ratio comes with the p-value of its
+Mann-Whitney test. It also reports the time and peak memory of building the
+block tables of ``wan2.1-720p``. Only ratios of figures from the same run are
+meaningful on a shared machine.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autotune.measure import Measurement, time_function
+from autotune.compare import Difference, difference, interleaved
+from autotune.measure import RunStats, tiled_dense, timed_runs
 from kernel.attention import prepare_group, resolve_backend, sparse_attention
 from kernel.block_tables import _head_table
 from kernel.config import VARIANTS, TileConfig, Variant
@@ -62,8 +67,8 @@ class KernelBenchOptions:
     batch: int = 1
     blocks: tuple[int, ...] = ()
     variants: tuple[str, ...] = ()
-    repeats: int = 5
-    min_time_s: float = 0.5
+    repeats: int = 1  # timed runs per visit of a round
+    rounds: int = 10  # interleaved rounds: every callable runs repeats x rounds times
     seed: int = 0
     table_preset: str | None = "wan2.1-720p"
 
@@ -101,11 +106,6 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
         "density": density,
         "ideal_speedup": 1.0 / density,
     }
-    timing_kw: dict[str, Any] = {"repeats": opts.repeats, "min_time_s": opts.min_time_s}
-    say("dense anchor (jax.nn.dot_product_attention)")
-    dense = time_function(dense_attention, (q, k, v), **timing_kw)
-    report["dense"] = _timing_json(dense)
-
     base = heuristic_config(pattern, backend, dtype.name)
     variants = opts.variants or tuple(v for v in VARIANTS if backend != "xla" or v != "split")
     blocks = opts.blocks or (base.block_q,)
@@ -114,34 +114,65 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
         for variant in variants
         for b in blocks
     ]
-    # A second anchor: the same backend and tiles on an all-dense pattern, so the
-    # fraction of ideal is also shown against a tiled dense kernel, not only
-    # against the library's dense attention.
-    tiled_dense: dict[int, Measurement] = {}
-    dense_pattern = SparsityPattern(layout, (HeadPattern.dense(),) * pattern.num_heads)
+    # Every timed callable, compiled first, then timed in interleaved rounds (one visit each per round, in a
+    # fresh order): the anchors and the configs see the same machine, so their ratios are meaningful.
+    # Anchors: jax.nn.dot_product_attention, and the same backend and tiles on an all-dense pattern.
+    candidates: dict[str, tuple[Any, tuple[jax.Array, ...]]] = {"dense": (dense_attention, (q, k, v))}
     for b in blocks:
-        say(f"tiled dense anchor q{b} kv{b}")
-        config = dataclasses.replace(
-            base, variant="compact", block_q=b, block_kv=b, block_kv_compute=0, align="none", head_grouping="all"
+        dense_pattern, tiles = tiled_dense(
+            pattern, dataclasses.replace(base, block_q=b, block_kv=b, block_kv_compute=0)
         )
-        tiled_dense[b] = _time_sparse(q, k, v, dense_pattern, config, backend, timing_kw)
-    report["tiled_dense"] = {str(b): _timing_json(t) for b, t in tiled_dense.items()}
+        candidates[f"tiled_dense:{b}"] = (_sparse_fn(dense_pattern, tiles, backend), (q, k, v))
+    for i, config in enumerate(configs):
+        candidates[f"config:{i}"] = (_sparse_fn(pattern, config, backend), (q, k, v))
+    temporal = [h for h in range(pattern.num_heads) if pattern.heads[h].kind == "temporal"]
+    if temporal:
+        sub = SparsityPattern(layout, tuple(pattern.heads[h] for h in temporal))
+        idx = jnp.asarray(temporal)
+        sub_args = tuple(jnp.take(x, idx, axis=1) for x in (q, k, v))
+        for lay in ("frame_major", "temporal_major"):
+            config = dataclasses.replace(heuristic_config(sub, backend, dtype.name), layout=lay)
+            candidates[f"temporal:{lay}"] = (_sparse_fn(sub, config, backend), sub_args)
+    compiled, compile_ms = {}, {}
+    for name, (fn, args) in candidates.items():
+        say(f"compiling {name}")
+        t0 = time.perf_counter()
+        compiled[name] = jax.jit(fn).lower(*args).compile()
+        compile_ms[name] = (time.perf_counter() - t0) * 1e3
+        jax.block_until_ready(compiled[name](*args))  # warm-up, untimed
+
+    def visit(name: str) -> list[float]:
+        return timed_runs(compiled[name], candidates[name][1], warmup=0, repeats=opts.repeats)[0]
+
+    say(f"timing {len(candidates)} callables in {opts.rounds} interleaved rounds")
+    runs = interleaved(candidates, visit, opts.rounds, seed=opts.seed)
+
+    def timing(name: str) -> dict[str, Any]:
+        stats = RunStats.of(runs[name])
+        assert stats is not None
+        return {"compile_ms": round(compile_ms[name], 3), **_stats_json(stats)}
+
+    report["dense"] = timing("dense")
+    report["tiled_dense"] = {str(b): timing(f"tiled_dense:{b}") for b in blocks}
     results = []
-    for config in configs:
-        say(f"sparse {config.describe()}")
-        timing = _time_sparse(q, k, v, pattern, config, backend, timing_kw)
+    for i, config in enumerate(configs):
+        name = f"config:{i}"
         out = np.asarray(sparse_attention(q, k, v, pattern, config, backend), np.float64)
         err = float(np.abs(out[:, :, rows] - ref).max())
         counts = _tile_counts(pattern, config)
+        vs_dense = difference(runs["dense"], runs[name])
+        vs_tiled = difference(runs[f"tiled_dense:{config.block_q}"], runs[name])
         results.append(
             {
                 "config": config.to_dict(),
                 "describe": config.describe(),
-                **_timing_json(timing),
-                "speedup": _ms(dense) / _ms(timing),
-                "fraction_of_ideal": _ms(dense) / _ms(timing) * density,
-                "speedup_vs_tiled_dense": _ms(tiled_dense[config.block_q]) / _ms(timing),
-                "fraction_of_ideal_vs_tiled_dense": _ms(tiled_dense[config.block_q]) / _ms(timing) * density,
+                **timing(name),
+                "speedup": vs_dense.ratio,
+                "speedup_p_value": vs_dense.p_value,
+                "fraction_of_ideal": vs_dense.ratio * density,
+                "speedup_vs_tiled_dense": vs_tiled.ratio,
+                "speedup_vs_tiled_dense_p_value": vs_tiled.p_value,
+                "fraction_of_ideal_vs_tiled_dense": vs_tiled.ratio * density,
                 "max_error": err,
                 "correct": err <= tol,
                 "tile_density": (counts["full"] + counts["partial"]) / counts["tiles"],
@@ -149,21 +180,15 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
             }
         )
     report["configs"] = results
-
-    temporal = [h for h in range(pattern.num_heads) if pattern.heads[h].kind == "temporal"]
     if temporal:
-        say("temporal heads with and without the temporal-major permutation")
-        sub = SparsityPattern(layout, tuple(pattern.heads[h] for h in temporal))
-        idx = jnp.asarray(temporal)
-        qs, ks, vs = (jnp.take(x, idx, axis=1) for x in (q, k, v))
-        by_layout = {}
-        for lay in ("frame_major", "temporal_major"):
-            config = dataclasses.replace(heuristic_config(sub, backend, dtype.name), layout=lay)
-            by_layout[lay] = _timing_json(_time_sparse(qs, ks, vs, sub, config, backend, timing_kw))
+        permutation = difference(runs["temporal:frame_major"], runs["temporal:temporal_major"])
         report["temporal_layout"] = {
             "heads": len(temporal),
-            **by_layout,
-            "permutation_speedup": by_layout["frame_major"]["median_ms"] / by_layout["temporal_major"]["median_ms"],
+            "frame_major": timing("temporal:frame_major"),
+            "temporal_major": timing("temporal:temporal_major"),
+            "permutation_speedup": permutation.ratio,
+            "permutation_p_value": permutation.p_value,
+            "permutation_real": permutation.real,
         }
     if opts.table_preset:
         say(f"block tables of {opts.table_preset}")
@@ -171,35 +196,19 @@ def bench_kernel(opts: KernelBenchOptions, progress: Any = None) -> dict[str, An
     return report
 
 
-def _time_sparse(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    pattern: SparsityPattern,
-    config: TileConfig,
-    backend: str,
-    timing_kw: dict[str, Any],
-) -> Measurement:
+def _sparse_fn(pattern: SparsityPattern, config: TileConfig, backend: str) -> Any:
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return sparse_attention(q, k, v, pattern, config, backend)
 
-    return time_function(fn, (q, k, v), **timing_kw)
+    return fn
 
 
-def _ms(m: Measurement) -> float:
-    """The median of a timed callable (time_function always times at least one run)."""
-    assert m.median_ms is not None
-    return m.median_ms
-
-
-def _timing_json(m: Measurement) -> dict[str, Any]:
-    stats = m.stats
-    assert stats is not None and m.compile_ms is not None
+def _stats_json(stats: RunStats) -> dict[str, Any]:
     return {
-        "compile_ms": round(m.compile_ms, 3),
         "median_ms": round(stats.median_ms, 4),
         "p10_ms": round(stats.p10_ms, 4),
         "p90_ms": round(stats.p90_ms, 4),
+        "spread": round(stats.spread, 4),
         "runs": stats.runs,
     }
 
@@ -240,11 +249,16 @@ def bench_block_tables(preset_name: str) -> dict[str, Any]:
     runs = []
     for backend, pat in (("xla", pattern), ("tpu", pattern), ("xla", distinct)):
         config = dataclasses.replace(heuristic_config(pat, backend, preset.dtype), head_grouping="all")
+        heads = list(range(pat.num_heads))
+        # Timed from cold caches without tracemalloc (which slows allocation-heavy code several-fold);
+        # the peak memory comes from a second cold build under tracemalloc.
+        _head_table.cache_clear()
+        t0 = time.perf_counter()
+        tables = prepare_group(pat, heads, config)[2]
+        elapsed = time.perf_counter() - t0
         _head_table.cache_clear()
         tracemalloc.start()
-        t0 = time.perf_counter()
-        tables = prepare_group(pat, list(range(pat.num_heads)), config)[2]
-        elapsed = time.perf_counter() - t0
+        prepare_group(pat, heads, config)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         runs.append(
@@ -259,6 +273,11 @@ def bench_block_tables(preset_name: str) -> dict[str, Any]:
     _head_table.cache_clear()
     out["runs"] = runs
     return out
+
+
+def _ratio(ratio: float, p_value: float) -> str:
+    """A speedup as shown: marked a tie when it is within the noise of its measurement."""
+    return f"{ratio:.2f}x" + ("" if Difference(ratio, p_value).real else " (tie)")
 
 
 def print_kernel_report(report: dict[str, Any], out: Any) -> None:
@@ -287,9 +306,9 @@ def print_kernel_report(report: dict[str, Any], out: Any) -> None:
             r["describe"],
             f"{r['median_ms']:.2f}",
             f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}",
-            f"{r['speedup']:.2f}x",
+            _ratio(r["speedup"], r["speedup_p_value"]),
             f"{r['fraction_of_ideal']:.2f}",
-            f"{r['speedup_vs_tiled_dense']:.2f}x",
+            _ratio(r["speedup_vs_tiled_dense"], r["speedup_vs_tiled_dense_p_value"]),
             f"{r['fraction_of_ideal_vs_tiled_dense']:.2f}",
             f"{r['tile_density']:.3f}",
             f"{r['max_error']:.1e}" + ("" if r["correct"] else " WRONG"),
@@ -297,14 +316,16 @@ def print_kernel_report(report: dict[str, Any], out: Any) -> None:
     out.print(table)
     out.print(
         "speedup / of ideal: against jax.nn.dot_product_attention; vs tiled dense: against this backend "
-        "running the same tiles on an all-dense pattern (1.00 of ideal = every masked pair skipped for free)"
+        "running the same tiles on an all-dense pattern (1.00 of ideal = every masked pair skipped for free); "
+        f"medians of {report['dense']['runs']} runs each, timed in interleaved rounds; (tie): the difference is "
+        "within the noise (Mann-Whitney p >= 0.05, or under 1%)"
     )
     if "temporal_layout" in report:
         t = report["temporal_layout"]
         out.print(
             f"temporal heads ({t['heads']}): frame-major {t['frame_major']['median_ms']:.2f} ms, "
             f"temporal-major {t['temporal_major']['median_ms']:.2f} ms -> permutation "
-            f"{t['permutation_speedup']:.2f}x faster"
+            f"{_ratio(t['permutation_speedup'], t['permutation_p_value'])} faster"
         )
     if "block_tables" in report:
         bt = report["block_tables"]

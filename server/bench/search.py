@@ -1,87 +1,236 @@
-"""``tiletune bench search``: search strategies replayed on recorded exhaustive tables.
+"""``tiletune bench search``: search strategies replayed on recorded exhaustive tables, side by side.
 
 ``--record`` measures a table (:func:`autotune.replay.record_table`). ``--replay``
-runs each sampler with several seeds on each table through the ``replay``
-backend and reports the number of measured trials needed to get within 2% of
-the table's best (median over seeds) and the best found at fixed budgets,
-relative to the table's best.
+runs every strategy with several seeds on each table and scores the sequence of
+configs each one measured:
+
+- *trials to tied*: how many measured trials until the first config of the
+  table's tied set (the configs statistically tied with the fastest, from the
+  recorded runs: :meth:`RecordedTable.tied_with_best`). Reaching the one config
+  that happened to record fastest is luck when a dozen others are within its noise;
+- *regret at N*: the true (recorded) median of the answer after N measured trials
+  (the fastest config measured so far) over the fastest of the table: 1.0 means
+  no regret, at budgets 10, 20 and 40.
+
+Strategies: tiletune's samplers (:data:`autotune.samplers.SAMPLERS`, run through
+the search itself on the ``replay`` backend) and, with the ``peers`` extra,
+Kernel Tuner's strategies (``kt:<name>``) in its own simulation mode on a cache
+converted from the same table. The warm start is a switch every strategy gets
+alike: with it, the kernel's heuristic config is the first one measured (tiletune
+enqueues it; for a peer it is prepended to its sequence); without it, ``random``
+is plain random.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import math
+import random
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
+from kernel.heuristic import heuristic_config
 
-WITHIN = 0.02
-BUDGETS = (5, 10, 20, 40)
+BUDGETS = (10, 20, 40)
+PEER_PREFIX = "kt:"
+# Kernel Tuner's strategies that run in simulation mode on a discrete space, and that "kt:all" means.
+PEER_STRATEGIES = (
+    "random_sample",
+    "bayes_opt",
+    "genetic_algorithm",
+    "greedy_ils",
+    "greedy_mls",
+    "mls",
+    "simulated_annealing",
+    "diff_evo",
+    "pso",
+    "firefly_algorithm",
+    "dual_annealing",
+    "basinhopping",
+)
+
+
+def strategies(names: Sequence[str]) -> list[str]:
+    """The strategies named (``kt:all`` expands to every peer strategy); ValueError naming an unknown one."""
+    out: list[str] = []
+    for name in names:
+        if name == f"{PEER_PREFIX}all":
+            out += [PEER_PREFIX + s for s in PEER_STRATEGIES]
+        elif name in SAMPLERS or (name.startswith(PEER_PREFIX) and name[len(PEER_PREFIX) :] in PEER_STRATEGIES):
+            out.append(name)
+        else:
+            known = [*SAMPLERS, *(PEER_PREFIX + s for s in PEER_STRATEGIES), f"{PEER_PREFIX}all"]
+            raise ValueError(f"--sampler: unknown strategy {name!r}; choose from {', '.join(known)}")
+    if any(s.startswith(PEER_PREFIX) for s in out):
+        try:
+            import kernel_tuner  # noqa: F401
+        except ImportError:
+            raise ValueError("kt:* strategies need Kernel Tuner: pip install 'tiletune[peers]'") from None
+    return list(dict.fromkeys(out))
+
+
+def measured_sequence(table: RecordedTable, strategy: str, seed: int, budget: int, warm_start: bool) -> list[str]:
+    """The keys of the configs ``strategy`` measures on ``table``, in order, without repeats, at most ``budget``."""
+    if strategy.startswith(PEER_PREFIX):
+        keys = _peer_sequence(table, strategy[len(PEER_PREFIX) :], seed, budget)
+        if warm_start:
+            keys = [heuristic_key(table), *keys]
+        return list(dict.fromkeys(k for k in keys if k is not None))[:budget]
+    measurer = ReplayMeasurer(table)
+    options = SearchOptions(trials=budget, sampler=strategy, seed=seed, prune=False, warm_start=warm_start)
+    run_search(table.space(), measurer, options, finalize=False)
+    return list(dict.fromkeys(measurer.measured))[:budget]
+
+
+def heuristic_key(table: RecordedTable) -> str | None:
+    """The table key of the kernel's heuristic config (None when it lies outside the table's space)."""
+    wl = table.workload
+    key = heuristic_config(wl.pattern, table.backend, wl.dtype).key
+    return key if key in table.entries else None
 
 
 @dataclasses.dataclass
-class ReplayStats:
+class Scores:
+    """One strategy on one table, one run per seed."""
+
     table: str
-    sampler: str
+    strategy: str
+    warm_start: bool
     size: int
-    trials_to_within: list[float]  # per seed; inf when never reached
-    best_at_budget: dict[int, list[float]]  # budget -> per seed best/table-best
+    tied: int  # size of the table's tied set
+    trials_to_tied: list[float]  # per seed; inf when not reached within the budget
+    regret: dict[int, list[float]]  # budget -> per seed
 
     def summary(self) -> dict[str, Any]:
-        finite = [t for t in self.trials_to_within if math.isfinite(t)]
-        median = float(np.median(self.trials_to_within))
+        reached = [t for t in self.trials_to_tied if math.isfinite(t)]
         return {
             "table": self.table,
-            "sampler": self.sampler,
+            "strategy": self.strategy,
+            "warm_start": self.warm_start,
             "table_size": self.size,
-            "median_trials_to_within_2pct": median,
-            "fraction_of_table": median / self.size,
-            "reached": f"{len(finite)}/{len(self.trials_to_within)}",
-            "best_at_budget": {str(b): float(np.median(v)) for b, v in self.best_at_budget.items()},
+            "tied_set": self.tied,
+            "median_trials_to_tied": float(np.median(self.trials_to_tied)),
+            "reached": f"{len(reached)}/{len(self.trials_to_tied)}",
+            "median_regret": {str(b): float(np.median(v)) for b, v in self.regret.items()},
+            "max_regret": {str(b): float(np.max(v)) for b, v in self.regret.items()},
         }
 
 
-def replay(table: RecordedTable, name: str, sampler: str, seeds: int, budget: int | None = None) -> ReplayStats:
-    """Run ``sampler`` ``seeds`` times on ``table``, each with ``budget`` measured trials
-    (default: the whole table, so every run eventually reaches the best)."""
-    best = table.best[1].median_ms or 0.0
-    size = len(table.entries)
-    space = table.space()
-    stats = ReplayStats(name, sampler, size, [], {b: [] for b in BUDGETS})
+def score(table: RecordedTable, keys: Sequence[str], tied: set[str]) -> tuple[float, dict[int, float]]:
+    """(trials to the first tied config, regret at each of BUDGETS) of one measured sequence."""
+    best = table.best[1].median_ms or math.inf
+    hit = next((i + 1 for i, k in enumerate(keys) if k in tied), math.inf)
+    regret = {}
+    for b in BUDGETS:
+        medians = [
+            m.median_ms for k in keys[:b] if (m := table.entries[k][1]).status == "ok" and m.median_ms is not None
+        ]
+        regret[b] = (min(medians) / best) if medians else math.inf
+    return float(hit), regret
+
+
+def replay(
+    table: RecordedTable, name: str, strategy: str, seeds: int, budget: int | None = None, warm_start: bool = True
+) -> Scores:
+    """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
+    (default: the largest of BUDGETS, capped by the table)."""
+    budget = min(budget or max(BUDGETS), len(table.entries))
+    tied = table.tied_with_best()
+    scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
     for seed in range(seeds):
-        measurer = ReplayMeasurer(table)
-        options = SearchOptions(trials=budget or size, sampler=sampler, seed=seed, prune=False, retime_rounds=1)
-        result = run_search(space, measurer, options)
-        medians = [t.measurement.median_ms if t.measurement.status == "ok" else math.inf for t in result.trials]
-        running = np.minimum.accumulate(np.asarray(medians, dtype=float)) if medians else np.asarray([math.inf])
-        hit = np.flatnonzero(running <= best * (1 + WITHIN))
-        stats.trials_to_within.append(float(hit[0] + 1) if hit.size else math.inf)
-        for b in BUDGETS:
-            found = running[min(b, len(running)) - 1]
-            stats.best_at_budget[b].append(float(found / best) if math.isfinite(found) else math.inf)
-    return stats
+        hit, regret = score(table, measured_sequence(table, strategy, seed, budget, warm_start), tied)
+        scores.trials_to_tied.append(hit)
+        for b, r in regret.items():
+            scores.regret[b].append(r)
+    return scores
+
+
+def _peer_sequence(table: RecordedTable, strategy: str, seed: int, budget: int) -> list[str | None]:
+    """Kernel Tuner's ``strategy`` in simulation mode on a cache converted from ``table``: the table keys
+    of the configs it evaluated, in order (repeats included; failed configs are results too)."""
+    import kernel_tuner
+
+    space = table.space()
+    dims = space.dimensions()
+    names = list(dims)
+    by_values: dict[tuple[Any, ...], str] = {}
+    cache: dict[str, dict[str, Any]] = {}
+    for key, (config, m) in table.entries.items():
+        params = space.params_of(config)
+        values = tuple(params[n] for n in names)
+        by_values[values] = key
+        entry: dict[str, Any] = {n: params[n] for n in names}
+        if m.status == "ok" and m.median_ms is not None:
+            entry.update(time=m.median_ms, times=list(m.runs_ms))
+        else:
+            entry["time"] = "RuntimeFailedConfig"
+        cache[",".join(str(v) for v in values)] = entry
+    document = {
+        "device_name": table.device_kind,
+        "kernel_name": "tiletune",
+        "problem_size": [table.workload.pattern.seq_len],
+        "tune_params_keys": names,
+        "tune_params": {n: list(v) for n, v in dims.items()},
+        "objective": "time",
+        "cache": cache,
+    }
+    with tempfile.TemporaryDirectory(prefix="tiletune-kt-") as tmp:
+        path = Path(tmp) / "cache.json"
+        path.write_text(json.dumps(document))
+        random.seed(seed)
+        np.random.seed(seed)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            results, _env = kernel_tuner.tune_cache(
+                str(path), strategy=strategy, strategy_options={"max_fevals": budget}, quiet=True, verbose=False
+            )
+    return [by_values.get(tuple(r[n] for n in names)) for r in results]
 
 
 def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
     """The replay summaries as a rich table on ``out`` (a rich Console)."""
     from rich.table import Table
 
-    def reached(row: dict[str, Any]) -> bool:  # the median seed got within 2% inside the budget
-        return math.isfinite(row["median_trials_to_within_2pct"])
-
-    t = Table("table", "size", "sampler", "median trials to 2%", "of table", "reached", *[f"best@{b}" for b in BUDGETS])
+    t = Table(
+        "table",
+        "size",
+        "tied",
+        "strategy",
+        "warm start",
+        "median trials to tied",
+        "reached",
+        *[f"regret@{b}" for b in BUDGETS],
+    )
     for r in rows:
+        trials = r["median_trials_to_tied"]
         t.add_row(
             r["table"],
             str(r["table_size"]),
-            r["sampler"],
-            f"{r['median_trials_to_within_2pct']:.1f}" if reached(r) else "not reached",
-            f"{r['fraction_of_table']:.1%}" if reached(r) else "-",
+            str(r["tied_set"]),
+            r["strategy"],
+            "on" if r["warm_start"] else "off",
+            f"{trials:.1f}" if math.isfinite(trials) else "not reached",
             r["reached"],
-            *[f"{r['best_at_budget'][str(b)]:.3f}" for b in BUDGETS],
+            *[_regret(r["median_regret"][str(b)]) for b in BUDGETS],
         )
     out.print(t)
-    out.print("best@N: median over seeds of (best found in N measured trials) / (table's best); 1.000 = the best")
+    out.print(
+        "tied: configs statistically tied with the table's fastest (Mann-Whitney, 95%, over 1%); trials to tied: "
+        "median over seeds of measured trials until one of them; regret@N: median over seeds of the recorded "
+        "median of the best config measured in N trials over the table's fastest (1.000 = no regret)"
+    )
+
+
+def _regret(value: float) -> str:
+    return f"{value:.3f}" if math.isfinite(value) else "-"

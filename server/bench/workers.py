@@ -9,10 +9,12 @@ device time of a real worker (on a TPU VM the host CPU waits while the TPU
 runs), so what the bench measures is the coordination around it -- claims,
 leases, trial reservations, the shared Optuna storage -- and how it scales.
 
-Scaling efficiency at N workers = (jobs per minute at N / N) / (jobs per minute
-at 1 worker), measured in the same run. With ``rounds`` > 1 the worker counts
-take turns (1, 2, 4, 1, 2, 4, ...) so a drift of the machine's background load
-touches all alike, and each count reports its median.
+Jobs per minute counts the jobs that ended ``done`` (failed ones are reported
+apart, never as throughput). Scaling efficiency at N workers = (jobs per minute
+at N / N) / (jobs per minute at 1 worker), measured in the same run. With
+``rounds`` > 1 the worker counts take turns in interleaved rounds (each round
+runs every count once, in a fresh random order) so a drift of the machine's
+background load touches all alike, and each count reports its median.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune.compare import interleaved
 from autotune.replay import RecordedTable, bundled_table
 from server.bench.harness import Child, tiletune_command
 from server.store import models, queue, workloads
@@ -45,6 +48,7 @@ class WorkersBenchOptions:
     table: Path = DEFAULT_TABLE
     timeout_s: float = 900.0
     rounds: int = 1
+    seed: int = 0  # the order the worker counts take in each round
 
 
 def run_workers_bench(
@@ -62,18 +66,22 @@ def run_workers_bench(
     table = RecordedTable.load(options.table)
     per_trial_s = sum((m.compile_ms or 0) + sum(m.runs_ms) for _c, m in table.entries.values()) / 1e3
     per_trial_s = per_trial_s / len(table.entries) * options.replay_sleep
-    measured: dict[int, list[dict[str, Any]]] = {n: [] for n in options.workers}
+    visits = {"n": 0}
+    total = options.rounds * len(set(options.workers))
+
+    def visit(n: int) -> list[dict[str, Any]]:
+        visits["n"] += 1
+        progress(f"run {visits['n']}/{total}, {n} worker(s): starting")
+        return [_one_run(db, url, n, options, table, progress)]
+
     try:
-        for i in range(options.rounds):
-            for n in options.workers:
-                progress(f"round {i + 1}/{options.rounds}, {n} worker(s): starting")
-                measured[n].append(_one_run(db, url, n, options, table, progress))
+        measured = interleaved(options.workers, visit, options.rounds, seed=options.seed)
     finally:
         db.dispose()
         if tmp is not None:
             tmp.cleanup()
     runs: list[dict[str, Any]] = []
-    for n in options.workers:
+    for n in measured:
         ordered = sorted(measured[n], key=lambda run: run["jobs_per_minute"])
         median = dict(ordered[len(ordered) // 2])
         median["rounds_jobs_per_minute"] = [run["jobs_per_minute"] for run in measured[n]]
@@ -116,12 +124,12 @@ def _one_run(
         deadline = time.monotonic() + options.timeout_s
         while True:
             with db.read_sessions() as session:
-                done = session.query(models.Job).filter(models.Job.status.in_(("done", "failed"))).count()
-            progress(f"{n} worker(s): {done}/{count} jobs")
-            if done == count:
+                ended = session.query(models.Job).filter(models.Job.status.in_(("done", "failed"))).count()
+            progress(f"{n} worker(s): {ended}/{count} jobs")
+            if ended == count:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{n} workers: {done}/{count} jobs after {options.timeout_s:g} s")
+                raise RuntimeError(f"{n} workers: {ended}/{count} jobs after {options.timeout_s:g} s")
             dead = [w for w in workers if not w.alive()]
             if dead:
                 raise RuntimeError(f"{dead[0].name} exited early (code {dead[0].returncode}):\n{dead[0].tail()}")
@@ -129,6 +137,7 @@ def _one_run(
         wall = time.perf_counter() - t0
         with db.read_sessions() as session:
             failed = session.query(models.Job).filter(models.Job.status == "failed").count()
+            done = count - failed
             trials = session.query(models.Trial).filter(models.Trial.status != "invalid").count()
     finally:
         for w in workers:
@@ -138,10 +147,11 @@ def _one_run(
     return {
         "workers": n,
         "jobs": count,
+        "done": done,
         "failed": failed,
         "trials": trials,
         "seconds": round(wall, 3),
-        "jobs_per_minute": round(count / wall * 60, 2),
+        "jobs_per_minute": round(done / wall * 60, 2),  # failed jobs are not throughput
     }
 
 
@@ -149,17 +159,21 @@ def print_workers_report(report: dict[str, Any], out: Any) -> None:
     """The report as a rich table on ``out`` (a rich Console)."""
     from rich.table import Table
 
-    o = report["options"]
+    opts = report["options"]
     out.print(
-        f"[bold]tiletune bench workers[/bold] on {o['database']} ({o['database_url']}), replay of {o['table']}, "
-        f"{o['jobs_per_worker']} jobs per worker x {o['budget']} trials, {o['replayed_seconds_per_trial']} s "
-        f"slept per trial, {o['cpus']} CPUs, median of {o['rounds']} round(s)"
+        f"[bold]tiletune bench workers[/bold] on {opts['database']} ({opts['database_url']}), replay of "
+        f"{opts['table']}, {opts['jobs_per_worker']} jobs per worker x {opts['budget']} trials, "
+        f"{opts['replayed_seconds_per_trial']} s slept per trial, {opts['cpus']} CPUs, median of {opts['rounds']} "
+        "round(s)"
     )
-    t = Table("workers", "jobs", "failed", "trials", "seconds", "jobs/min", "each round", "scaling efficiency")
+    t = Table("workers", "jobs", "done", "failed", "trials", "seconds", "done/min", "each round", "scaling efficiency")
     for r in report["runs"]:
         eff = f"{r['efficiency']:.2f}" if r["efficiency"] is not None else "-"
         each = ", ".join(f"{x:.1f}" for x in r["rounds_jobs_per_minute"])
-        t.add_row(str(r["workers"]), str(r["jobs"]), str(r["failed"]), str(r["trials"]), f"{r['seconds']:.1f}",
-                  f"{r['jobs_per_minute']:.1f}", each, eff)  # fmt: skip
+        t.add_row(str(r["workers"]), str(r["jobs"]), str(r["done"]), str(r["failed"]), str(r["trials"]),
+                  f"{r['seconds']:.1f}", f"{r['jobs_per_minute']:.1f}", each, eff)  # fmt: skip
     out.print(t)
-    out.print("scaling efficiency: (jobs/min at N / N) / (jobs/min at 1 worker), measured in this run")
+    out.print(
+        "done/min: jobs that ended done per minute (failed jobs are not throughput); scaling efficiency: "
+        "(done/min at N / N) / (done/min at 1 worker), measured in this run"
+    )

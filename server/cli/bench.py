@@ -46,8 +46,10 @@ def bench_kernel_cmd(
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (default: float32 on xla).")] = None,
     blocks: Annotated[str | None, typer.Option(help="Square tile sizes to try, e.g. 64,128,256.")] = None,
     variants: Annotated[str | None, typer.Option(help="Variants to run, e.g. naive,compact.")] = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed runs per measurement (at least).")] = 5,
-    min_time: Annotated[float, typer.Option(min=0.0, help="Seconds of timed runs per measurement (at least).")] = 0.5,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs of each callable per round.")] = 1,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Interleaved rounds (each times every callable once, in a fresh order).")
+    ] = 10,
     tables: Annotated[str, typer.Option(help="Preset whose block-table build is timed ('' to skip).")] = "wan2.1-720p",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
@@ -71,7 +73,7 @@ def bench_kernel_cmd(
         blocks=ints(blocks, "--blocks"),
         variants=variant_list,
         repeats=repeats,
-        min_time_s=min_time,
+        rounds=rounds,
         table_preset=tables or None,
     )
     _run(bench_kernel, opts, print_kernel_report, as_json, errors=(ValueError,))
@@ -168,7 +170,9 @@ def bench_client_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset whose config is resolved.")] = "cpu-demo",
     rounds: Annotated[int, typer.Option(min=1, help="Alternating timed rounds of dict and memory lookups.")] = 7,
     number: Annotated[int, typer.Option(min=1, help="Calls per timed round of dict and memory lookups.")] = 200_000,
-    disk_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the disk cache.")] = 500,
+    disk_calls: Annotated[
+        int, typer.Option(min=1, help="New processes, each timing its first resolution from the disk cache.")
+    ] = 10,
     server_calls: Annotated[int, typer.Option(min=1, help="Timed resolutions from the local server.")] = 30,
     timeout: Annotated[float, typer.Option(min=0.001, help="Client timeout (s) against the hanging server.")] = 0.5,
     hang_calls: Annotated[int, typer.Option(min=1, help="Resolutions against the hanging and refusing servers.")] = 3,
@@ -204,24 +208,27 @@ def bench_search_cmd(
     workload: Annotated[Path | None, typer.Option(help="Workload JSON file to record")] = None,
     out_path: Annotated[Path | None, typer.Option("--out", help="Where --record writes the table")] = None,
     replay: Annotated[list[Path] | None, typer.Option("--replay", help="Recorded tables to replay")] = None,
-    sampler: Annotated[str, typer.Option(help="Samplers to compare, comma-separated")] = "tpe,random,grid",
-    seeds: Annotated[int, typer.Option(min=1, help="Runs per sampler and table")] = 20,
-    budget: Annotated[
-        int | None, typer.Option(min=1, help="Measured trials per replayed run (default: the table)")
-    ] = None,
+    sampler: Annotated[
+        str, typer.Option(help="Strategies, comma-separated: tiletune's samplers, kt:<strategy> or kt:all (peers)")
+    ] = "tpe,tpe-plain,random",
+    warm_start: Annotated[
+        str, typer.Option(help="on | off | both: every strategy starts from the heuristic config, or none does")
+    ] = "both",
+    seeds: Annotated[int, typer.Option(min=1, help="Runs per strategy and table")] = 20,
+    budget: Annotated[int, typer.Option(min=1, help="Measured trials per replayed run")] = 40,
     backend: Annotated[str, typer.Option(help="Backend to record on")] = "xla",
-    repeats: Annotated[int, typer.Option(min=1)] = 5,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="--record: interleaved rounds; every ok config is timed once per round")
+    ] = 10,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     tables: Annotated[
         list[Path] | None,
         typer.Argument(help="More tables to replay: --replay A.json B.json C.json", show_default=False),
     ] = None,
 ) -> None:
-    """Record exhaustive tables (--record) or compare search strategies on them (--replay TABLE...)."""
-    from autotune.measure import MeasureOptions
+    """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
-    from autotune.samplers import SAMPLERS
-    from server.bench.search import print_search_report
+    from server.bench.search import print_search_report, strategies
     from server.bench.search import replay as replay_table
     from server.worker.tune import local_workload
 
@@ -236,37 +243,40 @@ def bench_search_cmd(
         spec = json.loads(workload.read_text()) if workload else None
         wl = local_workload(spec, preset, backend, None, 1)
         with Progress(
-            TextColumn("recording"),
+            TextColumn("{task.fields[stage]}"),
             MofNCompleteColumn(),
             BarColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[last]}"),
             console=err,
         ) as progress:
-            task = progress.add_task("record", total=None, last="")
+            task = progress.add_task("record", total=None, stage="recording")
 
-            def step(i: int, n: int, config: Any, m: Any) -> None:
-                progress.update(task, completed=i, total=n, last=f"{config.describe()}: {m.status} {m.median_ms}")
+            def step(stage: str, done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total, stage=stage[:60])
 
-            table = record_table(wl, measure=MeasureOptions(repeats=repeats), progress=step)
+            table = record_table(wl, rounds=rounds, progress=step)
         table.save(out_path)
         best_config, best = table.best
         err.print(
-            f"saved {len(table.entries)} configs to {out_path}; best {best_config.describe()} {best.median_ms:.3f} ms"
+            f"saved {len(table.entries)} configs to {out_path} ({rounds} interleaved rounds); best "
+            f"{best_config.describe()} {best.median_ms:.3f} ms, {len(table.tied_with_best())} configs tied with it"
         )
         return
-    samplers = [s.strip() for s in sampler.split(",") if s.strip()]
-    for s in samplers:
-        if s not in SAMPLERS:
-            raise typer.BadParameter(f"--sampler: unknown {s!r}; choose from {SAMPLERS}")
+    if warm_start not in ("on", "off", "both"):
+        raise typer.BadParameter("--warm-start must be on, off or both")
+    try:
+        names = strategies([s.strip() for s in sampler.split(",") if s.strip()])
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    starts = {"on": (True,), "off": (False,), "both": (True, False)}[warm_start]
     rows = []
-    for path in replay or []:
+    for path in replay:
         table = RecordedTable.load(path)
-        for s in samplers:
-            err.print(f"replaying {path.name} with {s} ({seeds} seeds)")
-            rows.append(replay_table(table, path.name, s, seeds, budget).summary())
+        for name in names:
+            for start in starts:
+                err.print(f"replaying {path.name} with {name}, warm start {'on' if start else 'off'} ({seeds} seeds)")
+                rows.append(replay_table(table, path.name, name, seeds, budget, warm_start=start).summary())
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-
     print_search_report(rows, out())

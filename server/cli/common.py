@@ -55,6 +55,19 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def speedups(median_ms: float | None, dense_ms: float | None, tiled_dense_ms: float | None) -> str:
+    """A winner's speedups over its two anchors, named (both timed beside it in interleaved rounds);
+    empty when neither anchor was timed."""
+    if not median_ms:
+        return ""
+    parts = []
+    if dense_ms:
+        parts.append(f"{dense_ms / median_ms:.2f}x over jax.nn.dot_product_attention")
+    if tiled_dense_ms:
+        parts.append(f"{tiled_dense_ms / median_ms:.2f}x over tiled dense (these tiles, all-dense pattern)")
+    return ", " + " and ".join(parts) if parts else ""
+
+
 def ints(text: str | None, option: str) -> tuple[int, ...]:
     """Comma-separated positive integers of ``option``."""
     if not text:

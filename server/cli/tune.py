@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out
+from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -91,14 +91,16 @@ def tune(
         "invalid_proposals": result.invalid,
         "repeated_proposals": result.repeated,
         "statuses": result.counts(),
-        "dense_ms": result.dense_ms,
+        "anchors_ms": {name: result.anchor_ms(name) for name in result.anchors},
         "best": None
         if result.best is None
         else {
             "config": result.best.config.to_dict(),
             "median_ms": result.best_median_ms,
             "spread": result.best_spread,
-            "speedup": (result.dense_ms / result.best_median_ms) if result.dense_ms and result.best_median_ms else None,
+            "tied_finalists": [c.to_dict() for c in result.tied],
+            "speedup": _over(result.dense_ms, result.best_median_ms),
+            "speedup_vs_tiled_dense": _over(result.anchor_ms("tiled_dense"), result.best_median_ms),
             "tuned_config_id": outcome.tuned_config_id,
         },
         "top": [
@@ -110,17 +112,15 @@ def tune(
         print(json.dumps(report, indent=2))
         return
     console = out()
-    table = Table("rank", "config", "median ms", "p10-p90 ms", "spread", "speedup vs dense")
+    table = Table("rank", "config", "median ms", "p10-p90 ms", "spread")
     for i, t in enumerate(ranked[:10], 1):
         m = t.measurement
-        speed = f"{result.dense_ms / m.median_ms:.2f}x" if result.dense_ms and m.median_ms else "-"
         table.add_row(
             str(i),
             t.config.describe(),
             f"{m.median_ms:.3f}",
             f"{m.p10_ms:.3f}-{m.p90_ms:.3f}",
             f"{(m.spread or 0):.1%}",
-            speed,
         )
     console.print(table)
     console.print(
@@ -129,11 +129,17 @@ def tune(
     )
     if result.best is not None:
         best = report["best"]
-        speed = f", {best['speedup']:.2f}x over dense" if best["speedup"] else ""
+        speed = speedups(result.best_median_ms, result.dense_ms, result.anchor_ms("tiled_dense"))
+        tied = f", {len(result.tied)} of them tied within the noise" if len(result.tied) > 1 else ""
         console.print(
-            f"[bold]winner[/bold] (re-timed against the top {len(result.finalists)}): "
+            f"[bold]winner[/bold] (re-timed in interleaved rounds against the top {len(result.finalists)}{tied}): "
             f"{result.best.config.describe()} {best['median_ms']:.3f} ms, spread {best['spread']:.1%}{speed}; "
             f"stored as tuned config {outcome.tuned_config_id} of workload {outcome.workload_key}"
         )
+        console.print("median times of a trial come from its own runs; the winner's and its anchors' from rounds")
     else:
         console.print("[red]no config measured ok[/red]")
+
+
+def _over(anchor_ms: float | None, median_ms: float | None) -> float | None:
+    return anchor_ms / median_ms if anchor_ms and median_ms else None

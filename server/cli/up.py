@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from server.bench.harness import Child, child_env, tiletune_command
-from server.cli.common import DatabaseOpt, err
+from server.cli.common import DatabaseOpt, err, speedups
 from server.cli.common import database_url as database_url_of
 
 STOP_GRACE_S = 60.0  # a worker finishing its trial in flight, a server draining
@@ -181,7 +181,7 @@ def run_up(options: UpOptions, console: Console) -> int:
                 with db.read_sessions() as session:
                     current = records.current_config(session, row.id)
                     assert current is not None
-                    speed = f", {current.speedup:.2f}x over dense" if current.speedup else ""
+                    speed = speedups(current.median_ms, current.dense_ms, current.tiled_dense_ms)
                     console.print(
                         f"[bold]tuned[/bold] {options.preset} in {time.monotonic() - start:.0f} s from start: "
                         f"{TileConfig.from_dict(current.config).describe()} {current.median_ms:.3f} ms{speed}"

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from server.cli.common import DatabaseOpt, err, fail
+from server.cli.common import DatabaseOpt, err, fail, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -108,7 +108,7 @@ def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
         ms = f"{d['median_ms']:.3f} ms" if d["median_ms"] is not None else "-"
         err.print(f"  job {d['job_id']} trial {d['number']}: {d['config']}: {d['status']} {ms}")
     elif kind == "tuned":
-        speed = f", {d['dense_ms'] / d['median_ms']:.2f}x over dense" if d["dense_ms"] else ""
+        speed = speedups(d["median_ms"], d["dense_ms"], d.get("tiled_dense_ms"))
         err.print(
             f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
             f"(tuned config {d['tuned_config_id']})"

@@ -140,7 +140,8 @@ class TunedConfig(Base):
     median_ms: Mapped[float] = mapped_column(Float)
     p10_ms: Mapped[float | None] = mapped_column(Float)
     p90_ms: Mapped[float | None] = mapped_column(Float)
-    dense_ms: Mapped[float | None] = mapped_column(Float)
+    dense_ms: Mapped[float | None] = mapped_column(Float)  # the library's dense attention, timed beside it
+    tiled_dense_ms: Mapped[float | None] = mapped_column(Float)  # the same backend's tiles, all-dense pattern
     jax_version: Mapped[str] = mapped_column(String(32))
     jaxlib_version: Mapped[str] = mapped_column(String(32))
     libtpu_version: Mapped[str | None] = mapped_column(String(64))
@@ -162,6 +163,10 @@ class TunedConfig(Base):
     @property
     def speedup(self) -> float | None:
         return self.dense_ms / self.median_ms if self.dense_ms and self.median_ms else None
+
+    @property
+    def speedup_vs_tiled_dense(self) -> float | None:
+        return self.tiled_dense_ms / self.median_ms if self.tiled_dense_ms and self.median_ms else None
 
 
 class Job(Base):

@@ -52,6 +52,7 @@ def publish_tuned_config(
     p10_ms: float | None = None,
     p90_ms: float | None = None,
     dense_ms: float | None = None,
+    tiled_dense_ms: float | None = None,
     trial: Trial | None = None,
 ) -> TunedConfig:
     """Make ``config`` the workload's current best; the previous one is kept, superseded.
@@ -78,6 +79,7 @@ def publish_tuned_config(
         p10_ms=p10_ms,
         p90_ms=p90_ms,
         dense_ms=dense_ms,
+        tiled_dense_ms=tiled_dense_ms,
         jax_version=versions.get("jax") or "unknown",
         jaxlib_version=versions.get("jaxlib") or "unknown",
         libtpu_version=versions.get("libtpu"),

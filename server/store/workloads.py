@@ -108,6 +108,7 @@ TUNED_COLUMNS = (
     TunedConfig.p10_ms,
     TunedConfig.p90_ms,
     TunedConfig.dense_ms,
+    TunedConfig.tiled_dense_ms,
     TunedConfig.jax_version,
     TunedConfig.jaxlib_version,
     TunedConfig.libtpu_version,

@@ -74,7 +74,6 @@ def tune_workload(
 
         with Supervisor(workload, workload.backend, measure, trial_timeout_s, inject=inject) as supervisor:
             result = run_search(space, supervisor, search, on_trial=record, on_invalid=record_invalid)
-            result.dense_ms = supervisor.dense_ms()
         tuned_id = None
         if result.best is not None:
             with db.transaction() as session:
@@ -107,6 +106,7 @@ def publish_winner(
         p10_ms=stats.p10_ms,
         p90_ms=stats.p90_ms,
         dense_ms=result.dense_ms,
+        tiled_dense_ms=result.anchor_ms("tiled_dense"),
         versions=versions,
         trial=trial,
     )

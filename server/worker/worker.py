@@ -326,12 +326,11 @@ class Worker:
             everyone = SearchResult(
                 trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
             )
-        pick_winner(everyone, measurer, self.options.search)
+        pick_winner(everyone, measurer, self.options.search, SearchSpace(workload, workload.backend))
         if everyone.best is None or everyone.best_median_ms is None:
             with self.db.transaction() as session:
                 queue.finish_job(session, job_id, self.name, "failed", "no config measured ok")
             return JobOutcome(job_id, workload.key, "failed", mine, error="no config measured ok")
-        everyone.dense_ms = measurer.dense_ms()
         try:
             with self.db.transaction() as session:  # the winner and the job's end: both or neither
                 row = workloads.find_workload(session, workload.key)
@@ -345,7 +344,8 @@ class Worker:
         self.on_event(
             "tuned",
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
-             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms, "tuned_config_id": tuned_id},
+             "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
+             "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from autotune.measure import MeasureOptions
+from autotune.measure import tiled_dense
 from autotune.replay import TABLES as TABLES_DIR
 from autotune.replay import RecordedTable, ReplayMeasurer, record_table
 from autotune.search import SearchOptions, run_search
@@ -17,8 +17,7 @@ from autotune.space import SearchSpace
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.workload import Workload
-from server.bench.search import replay
-from server.cli import app as cli
+from server.bench.search import BUDGETS, heuristic_key, measured_sequence, replay, score, strategies
 
 TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
 
@@ -47,35 +46,89 @@ def test_replay_answers_recorded_measurements() -> None:
     assert result.best is not None and result.best.measurement.status == "ok"
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random", "grid"])
-def test_replay_benchmark_statistics(sampler: str) -> None:
+def _synthetic(table: RecordedTable, medians: dict[str, float]) -> RecordedTable:
+    """``table`` with every ok entry re-timed: 20 runs tightly around the given median (default 50 ms)."""
+    entries = {}
+    for key, (config, m) in table.entries.items():
+        centre = medians.get(key, 50.0)
+        runs = tuple(centre * (1 + 0.001 * ((i * 7) % 11 - 5)) for i in range(20))
+        entries[key] = (config, dataclasses.replace(m, status="ok", runs_ms=runs, max_error=0.0))
+    return dataclasses.replace(table, entries=entries)
+
+
+def test_scores_count_trials_to_the_tied_set_and_regret_at_each_budget() -> None:
+    base = RecordedTable.load(TABLES[-1])
+    keys = list(base.entries)
+    # keys[0] is the fastest, keys[1] within its noise (0.5% slower: tied), keys[2] 5% slower, the rest 50 ms.
+    table = _synthetic(base, {keys[0]: 10.0, keys[1]: 10.05, keys[2]: 10.5})
+    tied = table.tied_with_best()
+    assert tied == {keys[0], keys[1]}
+    sequence = [*keys[3:17], keys[2], *keys[17:25], keys[1], *keys[25:40]]  # 15th: keys[2]; 24th: keys[1]
+    hit, regret = score(table, sequence, tied)
+    assert hit == 24
+    assert regret[10] == pytest.approx(50.0 / 10.0, rel=0.01)
+    assert regret[20] == pytest.approx(10.5 / 10.0, rel=0.01)
+    assert regret[40] == pytest.approx(10.05 / 10.0, rel=0.01)
+    assert score(table, keys[3:43], tied) == (math.inf, {b: pytest.approx(5.0, rel=0.01) for b in BUDGETS})
+
+
+def test_warm_start_is_the_same_switch_for_every_strategy() -> None:
     table = RecordedTable.load(TABLES[-1])
-    stats = replay(table, TABLES[-1].name, sampler, seeds=2)
-    summary = stats.summary()
-    assert summary["table_size"] == len(table.entries)
-    assert all(1 <= t <= len(table.entries) for t in stats.trials_to_within)  # the whole table is the budget
-    assert all(v >= 1.0 for values in stats.best_at_budget.values() for v in values)
-    assert summary["best_at_budget"]["40"] <= summary["best_at_budget"]["5"]
+    heuristic = heuristic_key(table)
+    assert heuristic is not None
+    for strategy in ("tpe", "tpe-plain", "random"):
+        with_start = measured_sequence(table, strategy, seed=1, budget=12, warm_start=True)
+        without = measured_sequence(table, strategy, seed=1, budget=12, warm_start=False)
+        assert with_start[0] == heuristic and len(with_start) == len(set(with_start)) == 12
+        assert len(without) == len(set(without)) == 12 and set(without) <= set(table.entries)
+    # Without the warm start, random is plain random: across seeds it starts anywhere.
+    starts = {measured_sequence(table, "random", seed, 3, warm_start=False)[0] for seed in range(8)}
+    assert len(starts) > 1
 
 
-def test_replay_command_prints_json() -> None:
-    result = CliRunner().invoke(
-        cli, ["bench", "search", "--replay", *map(str, TABLES[-2:]), "--sampler", "random", "--seeds", "2", "--json"]
-    )
-    assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
-    assert [r["table"] for r in rows] == [t.name for t in TABLES[-2:]]  # both tables after one --replay
-    assert rows[0]["sampler"] == "random" and math.isfinite(rows[0]["median_trials_to_within_2pct"])
+def test_kernel_tuner_peers_replay_the_same_table() -> None:
+    pytest.importorskip("kernel_tuner", reason="the peers extra (Kernel Tuner) is not installed")
+    table = RecordedTable.load(TABLES[-1])
+    first = measured_sequence(table, "kt:random_sample", seed=3, budget=15, warm_start=False)
+    assert len(first) == len(set(first)) == 15 and set(first) <= set(table.entries)
+    assert measured_sequence(table, "kt:random_sample", seed=3, budget=15, warm_start=False) == first
+    assert measured_sequence(table, "kt:random_sample", seed=4, budget=15, warm_start=False) != first
+    started = measured_sequence(table, "kt:bayes_opt", seed=0, budget=15, warm_start=True)
+    assert started[0] == heuristic_key(table) and len(started) == len(set(started)) <= 15
+    scores = replay(table, "t", "kt:greedy_ils", seeds=2, budget=20, warm_start=False)
+    assert len(scores.trials_to_tied) == 2 and all(len(v) == 2 for v in scores.regret.values())
+
+
+def test_unknown_strategies_are_named() -> None:
+    with pytest.raises(ValueError, match="kt:fastest"):
+        strategies(["tpe", "kt:fastest"])
+    assert strategies(["kt:all"])[0] == "kt:random_sample"
 
 
 @pytest.mark.slow
 def test_record_a_small_table_and_reload_it(tmp_path: Any) -> None:
     workload = Workload("cpu", "xla", "float32", 1, 32, SparsityPattern(VideoLayout(2, 64), (HeadPattern.spatial(0),)))
     space = SearchSpace(workload, "xla", blocks_q=(32, 64), blocks_kv=(32, 64))
-    table = record_table(workload, space=space, measure=MeasureOptions(repeats=2, min_time_s=0.0))
+    visits: list[tuple[str, int, int]] = []
+    table = record_table(
+        workload, space=space, rounds=4, progress=lambda stage, done, total: visits.append((stage, done, total))
+    )
     assert len(table.entries) == len(space.enumerate()) == 16
-    assert all(m.status == "ok" for _, m in table.entries.values())
+    assert all(m.status == "ok" and len(m.runs_ms) == 4 for _, m in table.entries.values())  # one run per round
+    # The anchors were timed in the same rounds: the library's dense and one tiled dense per tile size.
+    tiles = {f"tiled_dense:{tiled_dense(workload.pattern, c)[1].key}" for c, _ in table.entries.values()}
+    assert table.rounds == 4 and "dense" in table.anchors and set(table.anchors) - {"dense"} <= tiles
+    assert all(len(runs) == 4 for runs in table.anchors.values())
+    timed = 16 + len(table.anchors)
+    assert visits[-1] == ("timing in interleaved rounds", timed * 4, timed * 4)
+    assert table.dense_ms == pytest.approx(float(np.median(table.anchors["dense"])))
     path = tmp_path / "t.json"
     table.save(path)
     again = RecordedTable.load(path)
     assert set(again.entries) == set(table.entries) and again.best[1].median_ms == table.best[1].median_ms
+    assert again.anchors == table.anchors and again.tied_with_best() == table.tied_with_best()
+    replayer = ReplayMeasurer(again)
+    config = again.best[0]
+    assert replayer.anchor_runs("tiled_dense", 6, config)[:4] == list(
+        table.anchors[f"tiled_dense:{tiled_dense(workload.pattern, config)[1].key}"]
+    )

@@ -41,6 +41,7 @@ class FakeMeasurer:
     wrong: set[str] = dataclasses.field(default_factory=set)
     retimed: dict[str, float] = dataclasses.field(default_factory=dict)
     measured: list[TileConfig] = dataclasses.field(default_factory=list)
+    anchored: list[tuple[str, TileConfig | None]] = dataclasses.field(default_factory=list)
 
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
         self.measured.append(config)
@@ -53,8 +54,9 @@ class FakeMeasurer:
         t = self.retimed.get(config.key, cost(config))
         return [t] * runs
 
-    def dense_ms(self, repeats: int = 5) -> float | None:
-        return 100.0
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        self.anchored.append((anchor, config if anchor == "tiled_dense" else None))
+        return [100.0] * runs
 
 
 def test_wrong_result_is_recorded_and_never_selected() -> None:
@@ -82,8 +84,42 @@ def test_winner_is_the_best_median_of_the_retimed_finalists() -> None:
     result = run_search(space, measurer, SearchOptions(trials=30, seed=3, top_k=3))
     assert result.best is not None and result.best.config.key == slow_at_first.key
     assert result.best_median_ms == 1.0
-    medians = [sorted(runs)[len(runs) // 2] for _, runs in result.finalists]
-    assert medians == sorted(medians)
+    # The finalists were re-timed in interleaved rounds: retime_rounds x retime_runs runs each.
+    assert all(len(runs) == 10 for _, runs in result.finalists)
+    assert [c.key for c in result.tied] == [slow_at_first.key]  # 1 ms against ~10: nothing tied with it
+
+
+def test_a_tie_goes_to_less_padding_then_fewer_grid_steps() -> None:
+    """Finalists within each other's noise: the winner is the one that does less work, not the one that
+    happened to run fastest in the re-timing."""
+    from kernel import candidates
+    from kernel.cost import grid_steps
+
+    space = SearchSpace(WORKLOAD, "xla")
+    first = run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=3, top_k=3))
+    configs = [c for c, _ in first.finalists]
+    work = {c.key: (round(candidates.padding(WORKLOAD, c), 6), grid_steps(WORKLOAD.pattern, c, "xla")) for c in configs}
+    most = max(configs, key=lambda c: work[c.key])
+    assert work[most.key] > min(work.values())  # the finalists do differ in work: the rule has something to decide
+    # Every finalist re-times within 0.4% of the others, and the one doing the most work is the fastest of them.
+    retimed = {c.key: 10.0 if c.key == most.key else 10.0 * (1.002 + 0.001 * i) for i, c in enumerate(configs)}
+    result = run_search(space, FakeMeasurer(retimed=retimed), SearchOptions(trials=30, seed=3, top_k=3))
+    assert {c.key for c in result.tied} == set(retimed)
+    assert result.best is not None
+    least = min(work.values())
+    expected = min((c for c in configs if work[c.key] == least), key=lambda c: retimed[c.key])
+    assert result.best.config.key == expected.key != most.key
+
+
+def test_the_winner_is_timed_beside_its_anchors() -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    measurer = FakeMeasurer()
+    result = run_search(space, measurer, SearchOptions(trials=12, seed=1, retime_rounds=4, retime_runs=3))
+    assert set(result.anchors) == {"dense", "tiled_dense"}
+    assert all(len(runs) == 12 for runs in result.anchors.values()) and len(result.best_runs_ms) == 12
+    assert result.dense_ms == 100.0 and result.anchor_ms("tiled_dense") == 100.0
+    winner = result.best.config if result.best else None
+    assert sorted(measurer.anchored, key=str) == sorted([("dense", None), ("tiled_dense", winner)] * 4, key=str)
 
 
 def test_heuristic_warm_start_and_seed_configs_come_first() -> None:

@@ -17,11 +17,11 @@ from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR, LocalSear
 from autotune.search import SearchOptions, run_search
 from autotune.space import ParamCoding, SearchSpace
 from kernel.heuristic import heuristic_config
-from server.bench.search import WITHIN
 
 from .test_search import WORKLOAD, FakeMeasurer
 
 TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
+WITHIN = 0.02  # the shipped format-1 tables hold 3-10 runs per config: too few for a tied set (autotune.compare)
 # The tables the strategy was chosen on (any other committed table is a held-out check, see the README).
 TUNED_ON = ("cpu-demo", "small-mixed", "text-prefix-spatial")
 

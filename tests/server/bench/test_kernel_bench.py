@@ -32,8 +32,8 @@ def test_bench_kernel_json_report() -> None:
             "32",
             "--repeats",
             "1",
-            "--min-time",
-            "0",
+            "--rounds",
+            "6",
             "--tables",
             "",
             "--json",
@@ -45,12 +45,26 @@ def test_bench_kernel_json_report() -> None:
     # spatial own-frame over 2 frames: 1/2; temporal +-3 over 64 positions: (7*64 - 12) * 2 * 2 / 128**2
     assert report["density"] == pytest.approx((0.5 + 2 * (7 * 64 - 12) * 4 / 128**2) / 3)
     assert {r["config"]["variant"] for r in report["configs"]} == {"naive", "compact"}
+    # Every callable was timed once per round, in interleaved rounds.
+    timings = [report["dense"], *report["tiled_dense"].values(), *report["configs"]]
+    timings += [report["temporal_layout"][lay] for lay in ("frame_major", "temporal_major")]
+    assert [t["runs"] for t in timings] == [6] * len(timings)
+    for t in timings:
+        assert t["p10_ms"] <= t["median_ms"] <= t["p90_ms"]
+        assert t["spread"] == pytest.approx((t["p90_ms"] - t["p10_ms"]) / t["median_ms"], abs=2e-3)
     for r in report["configs"]:
         assert r["correct"] and r["max_error"] <= 2e-5
-        assert r["median_ms"] > 0 and r["speedup"] > 0 and 0 < r["tile_density"] <= 1
-    assert report["temporal_layout"]["heads"] == 2
-    assert report["temporal_layout"]["permutation_speedup"] > 0
-    assert "32" in report["tiled_dense"]
+        assert 0 < r["tile_density"] <= 1 and r["tiles"]["full"] + r["tiles"]["partial"] > 0
+        # The ratios are the anchors' medians over the config's, from the same rounds.
+        tiled = report["tiled_dense"][str(r["config"]["block_q"])]
+        assert r["speedup"] == pytest.approx(report["dense"]["median_ms"] / r["median_ms"], rel=2e-3)
+        assert r["speedup_vs_tiled_dense"] == pytest.approx(tiled["median_ms"] / r["median_ms"], rel=2e-3)
+        assert 0 <= r["speedup_p_value"] <= 1 and 0 <= r["speedup_vs_tiled_dense_p_value"] <= 1
+    layout = report["temporal_layout"]
+    assert layout["heads"] == 2
+    assert layout["permutation_speedup"] == pytest.approx(
+        layout["frame_major"]["median_ms"] / layout["temporal_major"]["median_ms"], rel=2e-3
+    )
 
 
 def test_bench_refuses_interpret_timing_and_bad_options() -> None:

@@ -1,0 +1,90 @@
+"""Deciding between measured candidates: interleaved rounds, and which differences are real.
+
+Run times on a shared machine drift (other work, frequency, caches), so figures
+that are compared are measured in *interleaved rounds*: every round visits every
+candidate once, in a fresh random order, so a drift touches all of them alike
+(:func:`interleaved`).
+
+Two sets of runs differ only when both tests agree:
+ - a two-sided Mann-Whitney U test rejects "same distribution" at ``ALPHA``
+   (95% confidence; no normality assumed: run times are skewed by interference);
+ - the medians differ by more than ``MIN_EFFECT`` (1%), a difference no user sees
+   and no machine reproduces.
+Otherwise they are *tied*. The *tied set* of a group is every candidate not
+reliably slower than the one with the fastest median (:func:`tied_set`): a search
+has succeeded once it measured any member, and a winner is picked among them by
+what does not need a clock (less padding, fewer grid steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+ALPHA = 0.05
+MIN_EFFECT = 0.01
+MIN_RUNS = 5  # fewer runs cannot show a difference at ALPHA with this test: the sets are tied
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """How runs ``a`` compare with runs ``b``."""
+
+    ratio: float  # median(a) / median(b)
+    p_value: float  # two-sided Mann-Whitney U; 1.0 when either side has too few runs
+
+    @property
+    def real(self) -> bool:
+        """Whether the difference is beyond the noise (significant and larger than MIN_EFFECT)."""
+        return self.p_value < ALPHA and abs(self.ratio - 1.0) > MIN_EFFECT
+
+
+def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
+    """Compare two sets of run times (ms)."""
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("difference: both sides need runs")
+    ratio = float(np.median(a) / np.median(b)) if np.median(b) > 0 else float("inf")
+    if min(len(a), len(b)) < MIN_RUNS or (np.ptp(a) == 0 and np.ptp(b) == 0 and np.median(a) == np.median(b)):
+        return Difference(ratio, 1.0)
+    return Difference(ratio, float(mannwhitneyu(a, b, alternative="two-sided").pvalue))
+
+
+def slower(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether runs ``a`` are reliably slower than runs ``b``."""
+    d = difference(a, b)
+    return d.real and d.ratio > 1.0
+
+
+def tied_set(runs: Mapping[K, Sequence[float]]) -> list[K]:
+    """The candidates not reliably slower than the one with the fastest median, fastest first."""
+    usable = {k: v for k, v in runs.items() if len(v)}
+    if not usable:
+        return []
+    order = sorted(usable, key=lambda k: float(np.median(usable[k])))
+    best = usable[order[0]]
+    return [k for k in order if not slower(usable[k], best)]
+
+
+def interleaved(
+    candidates: Iterable[K], visit: Callable[[K], Sequence[V]], rounds: int, seed: int = 0
+) -> dict[K, list[V]]:
+    """``rounds`` rounds; each visits every candidate once, in a fresh random order. ``visit(k)``
+    returns the results of one visit (run times, or whole runs of a benchmark); the result
+    holds every one of each candidate, in the order they were taken."""
+    keys = list(dict.fromkeys(candidates))
+    runs: dict[K, list[V]] = {k: [] for k in keys}
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        order = keys[:]
+        rng.shuffle(order)
+        for k in order:
+            runs[k].extend(visit(k))
+    return runs

@@ -1,0 +1,64 @@
+"""Which differences between run sets are real, and interleaved rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.compare import MIN_EFFECT, difference, interleaved, slower, tied_set
+
+
+def runs(median: float, spread: float, n: int, seed: int) -> list[float]:
+    """Skewed run times around ``median`` (lognormal: interference only ever adds time)."""
+    rng = np.random.default_rng(seed)
+    return list(median * np.exp(rng.normal(0.0, spread, n)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.1, 100.0), st.floats(0.01, 0.3), st.integers(10, 40), st.integers(0, 10**6))
+def test_the_same_distribution_is_a_tie(median: float, spread: float, n: int, seed: int) -> None:
+    a, b = runs(median, spread, n, seed), runs(median, spread, n, seed + 1)
+    # Two samples of one distribution differ "for real" only by a false positive of the test (5%),
+    # and then only when their medians also drift more than 1% apart.
+    d = difference(a, b)
+    assert not d.real or abs(d.ratio - 1.0) > MIN_EFFECT
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_clear_difference_is_real_and_a_tiny_one_is_not(seed: int) -> None:
+    fast, slow = runs(10.0, 0.05, 20, seed), runs(13.0, 0.05, 20, seed + 100)
+    assert slower(slow, fast) and not slower(fast, slow)
+    # 0.5% apart: significant with enough runs, but below the effect a user could see.
+    near = [x * 1.005 for x in fast]
+    assert not slower(near, fast)
+
+
+def test_too_few_runs_never_separate() -> None:
+    assert not slower([10.0, 10.0], [1.0, 1.0])
+    assert slower([10.0 + i * 0.01 for i in range(8)], [1.0 + i * 0.01 for i in range(8)])
+
+
+def test_tied_set_holds_the_fastest_and_everything_not_reliably_slower() -> None:
+    group = {
+        "a": runs(10.0, 0.05, 20, 1),
+        "b": runs(10.02, 0.05, 20, 2),  # within noise of a
+        "c": runs(14.0, 0.05, 20, 3),  # clearly slower
+        "d": [],  # never measured
+    }
+    tied = tied_set(group)
+    assert tied[0] in ("a", "b") and set(tied) == {"a", "b"}
+
+
+def test_interleaved_visits_every_candidate_once_per_round_in_fresh_orders() -> None:
+    visits: list[str] = []
+
+    def visit(k: str) -> list[float]:
+        visits.append(k)
+        return [float(len(visits))]
+
+    out = interleaved(["x", "y", "z"], visit, rounds=30, seed=4)
+    assert [sorted(visits[i : i + 3]) for i in range(0, 90, 3)] == [["x", "y", "z"]] * 30
+    assert len({tuple(visits[i : i + 3]) for i in range(0, 90, 3)}) > 1  # the order changes between rounds
+    assert {k: len(v) for k, v in out.items()} == {"x": 30, "y": 30, "z": 30}
