@@ -17,7 +17,7 @@
   spread, beside the fastest other trials.
 
 Every figure renders from a :class:`TuningRecord` (plain data loaded once from
-the database) at a fixed pixel size, and always renders: missing data gives a
+the database) at the pixel size :mod:`server.dashboard.catalog` gives, and always renders: missing data gives a
 figure that says what is missing. Rendering holds one lock per process: pyplot
 (which Optuna's plots use) keeps global state. The server draws in child
 processes (:mod:`server.dashboard.renderer`), so the lock never makes one
@@ -50,11 +50,19 @@ from kernel.block_tables import FULL, PARTIAL, HeadTable, build_block_tables
 from kernel.config import TileConfig
 from kernel.pattern import HeadPattern
 from kernel.placement import TokenPlacement, round_up
+from server.dashboard.catalog import (
+    HISTORY_SIZE,
+    MAX_CLASS_ROWS,
+    NAMES,
+    SPEEDUP_SIZE,
+    blockmap_size,
+    facets,
+    heatmap_size,
+)
 from server.store.records import TuningRecord
 
 DPI = 100
 MAX_CELLS = 160  # block-map cells per side; larger tile grids are aggregated
-MAX_CLASS_ROWS = 16  # head classes drawn in a block map; the rest are counted in the title
 DEFAULT_MAX_TILES = 1 << 22  # tiles a block map classifies one by one (TILETUNE_MAX_FIGURE_TILES)
 STATUS_STYLE = {  # marker, colour: one per non-ok status in the history
     "running": (">", "#1f77b4"),  # reserved by a worker, being measured now
@@ -102,8 +110,6 @@ def _message(ax: Any, text: str) -> None:
 
 
 # ---------------------------------------------------------------- history
-
-HISTORY_SIZE = (900, 420)
 
 
 def history_figure(record: TuningRecord) -> RenderedFigure:
@@ -183,28 +189,11 @@ def history_figure(record: TuningRecord) -> RenderedFigure:
 
 # ---------------------------------------------------------------- heatmap
 
-HEATMAP_PANEL = (330, 300)
-HEATMAP_EXTRA = (120, 70)  # colour bar, suptitle
-
-
-def _facets(record: TuningRecord) -> tuple[list[str], list[str]]:
-    variants = sorted({str(t.params.get("variant")) for t in record.trials if t.params.get("variant")})
-    layouts = sorted({str(t.params.get("layout")) for t in record.trials if t.params.get("layout")})
-    return variants or ["-"], layouts or ["-"]
-
-
-def heatmap_size(record: TuningRecord) -> tuple[int, int]:
-    variants, layouts = _facets(record)
-    return (
-        HEATMAP_PANEL[0] * len(layouts) + HEATMAP_EXTRA[0],
-        HEATMAP_PANEL[1] * len(variants) + HEATMAP_EXTRA[1],
-    )
-
 
 def heatmap_figure(record: TuningRecord) -> RenderedFigure:
     """Best ok time per (block_q, block_kv), one panel per variant (rows) x layout (columns)."""
     width, height = heatmap_size(record)
-    variants, layouts = _facets(record)
+    variants, layouts = facets(record)
     fig = _new_figure(width, height)
     title = "best time per tile size (ms; other parameters at their best)"
     fig.suptitle(
@@ -291,8 +280,6 @@ def heatmap_figure(record: TuningRecord) -> RenderedFigure:
 
 # ---------------------------------------------------------------- block map
 
-BLOCKMAP_PANEL = (380, 380)
-BLOCKMAP_EXTRA = (40, 90)
 LAYOUT_TITLES = {"frame_major": "frame-major (no permutation)", "temporal_major": "temporal-major (permuted)"}
 
 
@@ -409,11 +396,6 @@ def head_class_maps(
     return out
 
 
-def blockmap_size(record: TuningRecord) -> tuple[int, int]:
-    classes = min(len(record.workload.pattern.classes()), MAX_CLASS_ROWS)
-    return BLOCKMAP_PANEL[0] * 2 + BLOCKMAP_EXTRA[0], BLOCKMAP_PANEL[1] * classes + BLOCKMAP_EXTRA[1]
-
-
 def blockmap_figure(record: TuningRecord, max_tiles: int = DEFAULT_MAX_TILES) -> RenderedFigure:
     """Empty / partial / full tiles of each head class at the winning tile sizes, both token orders
     (coarse cells when the panels hold more than ``max_tiles`` tiles)."""
@@ -484,7 +466,6 @@ def _ranges(heads: list[int]) -> str:
 
 # ---------------------------------------------------------------- speedup
 
-SPEEDUP_SIZE = (900, 380)
 SPEEDUP_OTHERS = 6
 
 
@@ -557,13 +538,7 @@ FIGURES: dict[str, Callable[[TuningRecord], RenderedFigure]] = {
     "blockmap": blockmap_figure,
     "speedup": speedup_figure,
 }
-FIGURE_CAPTIONS = {
-    "history": "Search history: median time of every trial and the best so far; failures marked along the top.",
-    "heatmap": "Best time per block_q x block_kv cell, per variant and layout (the other parameters at their best).",
-    "blockmap": "Tiles of each head class at the winning tile sizes: empty, partial (masked) and full, "
-    "with and without the temporal-major permutation.",
-    "speedup": "The winner's speedup over dense attention (re-timed; whiskers p10-p90), beside the fastest trials.",
-}
+assert tuple(FIGURES) == NAMES
 
 
 def render(record: TuningRecord, name: str, *, max_tiles: int = DEFAULT_MAX_TILES) -> RenderedFigure:

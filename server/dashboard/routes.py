@@ -54,6 +54,7 @@ from starlette.concurrency import run_in_threadpool
 
 from kernel.presets import PRESETS
 from kernel.workload import KEY_RE
+from server.dashboard import catalog
 from server.dashboard.renderer import FigureRenderer, FigureUnavailable
 from server.settings import Settings
 from server.store import models, queue, records, tokens, workloads
@@ -333,7 +334,7 @@ def dashboard(request: Request) -> Response:
 @router.get("/workloads/{key}", response_class=HTMLResponse)
 def workload_page(request: Request, key: str) -> Response:
     def render(session: Session) -> Response:
-        from server.dashboard import figures, pages  # matplotlib loads with the first figure
+        from server.dashboard import pages
 
         status = _text_filter(request, "status", 16)
         if status is not None and status not in models.TRIAL_STATUSES:
@@ -342,20 +343,14 @@ def workload_page(request: Request, key: str) -> Response:
         record = TuningRecord.load(session, row)
         root = request.scope.get("root_path", "")
         version = "-".join(str(v) for v in record.version)
-        src = {name: f"{root}/ui/workloads/{key}/figures/{name}.png?v={version}" for name in figures.FIGURES}
-        sizes = {
-            "history": figures.HISTORY_SIZE,
-            "heatmap": figures.heatmap_size(record),
-            "blockmap": figures.blockmap_size(record),
-            "speedup": figures.SPEEDUP_SIZE,
-        }
+        src = {name: f"{root}/ui/workloads/{key}/figures/{name}.png?v={version}" for name in catalog.NAMES}
         shown = [t for t in reversed(record.trials) if status is None or t.status == status]
         html = pages.render(
             "workload.html",
             root=root,
             signed_in=_signed_in(request),
             w=pages.workload_summary(record),
-            figures=pages.figure_entries(src, sizes),
+            figures=pages.figure_entries(src, catalog.sizes(record)),
             trials=pages.trial_rows(shown[:TRIAL_ROWS]),
             trials_total=len(shown),
             trials_truncated=len(shown) > TRIAL_ROWS,
@@ -375,10 +370,9 @@ async def workload_figure(request: Request, key: str, filename: str) -> Response
     name = filename.removesuffix(".png")
 
     def prepare(session: Session) -> Response | tuple[tuple[Any, ...], dict[str, str], TuningRecord]:
-        from server.dashboard.figures import FIGURES
-
-        if name == filename or name not in FIGURES:
-            raise UIError(404, f"figure: unknown figure {filename!r}; one of {', '.join(n + '.png' for n in FIGURES)}")
+        if name == filename or name not in catalog.NAMES:
+            known = ", ".join(n + ".png" for n in catalog.NAMES)
+            raise UIError(404, f"figure: unknown figure {filename!r}; one of {known}")
         row = _workload(session, key)
         latest = session.scalar(select(func.max(models.Trial.id)).where(models.Trial.workload_id == row.id))
         tuned = records.current_config(session, row.id)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from server.dashboard.figures import SPEEDUP_SIZE
+from server.dashboard.catalog import SPEEDUP_SIZE
 from tests.e2e.conftest import RESULTS, Served
 
 pytestmark = pytest.mark.slow

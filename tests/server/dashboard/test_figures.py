@@ -18,7 +18,7 @@ from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.presets import get_preset
 from kernel.workload import Workload
-from server.dashboard import figures
+from server.dashboard import catalog, figures
 from server.dashboard.figures import tile_map
 from server.store.records import TrialPoint, TunedPoint, TuningRecord
 from tests.images import png_size
@@ -74,7 +74,7 @@ def test_blockmap_of_wan_720p_is_aggregated() -> None:
         assert frame_major.cell == 4 and max(frame_major.full.shape) <= figures.MAX_CELLS
         assert (maps["temporal_major"] is None) == describe.startswith("spatial")
     fig = figures.render(record, "blockmap")
-    assert png_size(fig.png) == figures.blockmap_size(record) == (fig.width, fig.height)
+    assert png_size(fig.png) == catalog.blockmap_size(record) == (fig.width, fig.height)
 
 
 def test_every_figure_renders_without_data() -> None:
@@ -119,7 +119,7 @@ def test_kernel_does_not_import_matplotlib() -> None:
 
 # ---------------------------------------------------------------- bounded block maps
 
-MAX_CLASS_ROWS = 16  # figures.MAX_CLASS_ROWS
+MAX_CLASS_ROWS = catalog.MAX_CLASS_ROWS
 BLOCKS = (1, 8, 16, 32, 128, 512, 2048)
 
 
@@ -229,4 +229,4 @@ def test_a_huge_workload_draws_a_coarse_blockmap_quickly() -> None:
     config = TileConfig("compact", 128, 128, 0, "frame_major", "none", "by_pattern")
     drawn = figures.render(_record(wl, config.to_dict()), "blockmap", max_tiles=1 << 22)
     assert "coarse" in drawn.title and "TILETUNE_MAX_FIGURE_TILES" in drawn.title
-    assert png_size(drawn.png) == figures.blockmap_size(_record(wl, config.to_dict()))
+    assert png_size(drawn.png) == catalog.blockmap_size(_record(wl, config.to_dict()))

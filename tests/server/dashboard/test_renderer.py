@@ -164,3 +164,34 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_server_process_never_imports_the_drawing(tmp_path: Path) -> None:
+    """Pages and figures are served without matplotlib or Optuna in the server process (they would
+    add memory to every uvicorn worker and seconds of import to the first page): only the drawing
+    children load them. (JAX is loaded by the store, through kernel.heuristic.)"""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from fastapi.testclient import TestClient
+from server.app import create_app
+from server.settings import Settings
+from server.store.db import Database
+from server.store.migrate import upgrade
+from tests.seeding import seed_tuned_workload
+url = "sqlite:///{tmp_path / "ui.db"}"
+upgrade(url)
+seeded = seed_tuned_workload(Database(url))
+with TestClient(create_app(Settings(database_url=url))) as client:
+    assert client.get("/ui").status_code == 200
+    assert client.get("/ui/workloads/" + seeded.key).status_code == 200
+    for name in ("history", "heatmap", "blockmap", "speedup"):
+        png = client.get("/ui/workloads/" + seeded.key + "/figures/" + name + ".png")
+        assert png.status_code == 200 and png.content.startswith(b"\\x89PNG"), png.text
+loaded = sorted(m for m in ("matplotlib", "optuna") if m in sys.modules)
+sys.exit(f"the server process imported {{loaded}}" if loaded else 0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
