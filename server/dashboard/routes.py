@@ -26,7 +26,10 @@ stays in that first request's access log line). Scripts may send
 
 Forms change state (the cookie), so they are accepted from this server's own pages
 only: a ``POST`` whose ``Origin`` (or, without one, ``Referer``) does not name the
-host it was sent to gets a 403 (no login or logout CSRF). ``next`` redirects stay
+host it was sent to gets a 403 (no login or logout CSRF). A ``?token=`` link sets the
+cookie only when the browser says it was opened directly or from this site
+(``Sec-Fetch-Site: none`` or ``same-origin``; a client that sends no such header, a
+script or a browser from before 2023, counts as direct). ``next`` redirects stay
 inside ``/ui`` after percent-decoding and resolving ``.`` and ``..``. Setting and
 deleting the cookie use the same attributes.
 
@@ -246,6 +249,13 @@ def _gate(request: Request, session: Session) -> Response | None:
     settings: Settings = request.app.state.settings
     offered = request.query_params.get("token")
     if offered is not None:
+        if request.headers.get("sec-fetch-site", "none") not in ("none", "same-origin"):
+            # A link on another site would sign the browser in with that site's token.
+            raise UIError(
+                403,
+                "token: a ?token= sign-in link works when opened directly, not from another site's page",
+                login=True,
+            )
         if tokens.verify_token(session, offered) is None:
             raise UIError(401, "token: unknown or revoked token", login=True)
         query = _without_token(request)

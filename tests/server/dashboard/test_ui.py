@@ -271,6 +271,24 @@ def test_sign_in_and_out_from_this_site(source: dict[str, str], locked: TestClie
     assert signed_out.status_code == 303 and "Max-Age=0" in signed_out.headers["set-cookie"]
 
 
+@pytest.mark.parametrize(
+    ("fetch_site", "signs_in"),
+    [("cross-site", False), ("same-site", False), ("none", True), ("same-origin", True), (None, True)],
+)
+def test_a_token_link_signs_in_only_when_opened_directly(
+    fetch_site: str | None, signs_in: bool, locked: TestClient, reader: str
+) -> None:
+    """A ``?token=`` link on another site would sign the visitor in with that site's token (login
+    CSRF by GET). (Before: the cookie was set whatever the link's origin.)"""
+    headers = {"Sec-Fetch-Site": fetch_site} if fetch_site else {}
+    answer = locked.get(f"/ui?token={reader}", headers=headers)
+    if signs_in:
+        assert answer.status_code == 303 and f"{COOKIE}={reader}" in answer.headers["set-cookie"]
+    else:
+        assert answer.status_code == 403 and "set-cookie" not in answer.headers
+        assert answer.json()["message"].startswith("token: a ?token= sign-in link works when opened directly")
+
+
 def _cookie_attributes(header: str) -> dict[str, str]:
     """The attributes of one Set-Cookie header (lower-cased names), without the value and expiry."""
     parts = [p.strip() for p in header.split(";")[1:]]
