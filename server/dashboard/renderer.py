@@ -110,7 +110,7 @@ def _child_main(conn: Any, target: str, memory_bytes: int, idle_s: float) -> Non
 
 def _release_memory() -> None:
     """Hand the memory a drawing freed back to the system: glibc keeps freed heap for reuse, and an
-    idle child would otherwise sit on its largest drawing's peak (about 60 MB after a large block map)."""
+    idle child would otherwise sit on the peak of its largest drawing."""
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -79,8 +79,7 @@ def test_a_slow_figure_holds_up_neither_other_figures_nor_the_api(
     settings: Settings, db: Database, seeded: Seeded, gate: Path
 ) -> None:
     """While one figure is being drawn (and held there), another figure, the pages, the probes and
-    lookups are all answered. (Before: every figure was drawn in the server process under one lock,
-    so a second figure waited for the first, 24 s behind a large block map.)"""
+    lookups are all answered: no lock or thread is shared between a drawing and other requests."""
     with TestClient(_app(settings, db, "gated")) as client:
         slow = _Background(lambda: client.get(_figure(seeded.key, GATED)))
         _until((gate / f"{GATED}.started").exists, "the slow figure started")

@@ -353,7 +353,7 @@ def test_sign_in_keeps_a_legitimate_next(locked: TestClient, reader: str, seeded
 @HYPOTHESIS
 @given(sizes=st.lists(st.integers(0, 5000), min_size=1, max_size=60), budget=st.integers(0, 20000))
 def test_the_figure_cache_is_bounded_by_bytes(sizes: list[int], budget: int) -> None:
-    """(Before: 128 entries of any size: 128 block maps of 16 head classes each.)"""
+    """The kept PNGs never pass the byte budget, whatever their sizes, and the newest that fits is kept."""
     cache = FigureCache(budget)
     for i, size in enumerate(sizes):
         cache.put(("k", i), bytes(size))
@@ -365,7 +365,7 @@ def test_the_figure_cache_is_bounded_by_bytes(sizes: list[int], budget: int) -> 
 
 def test_a_stored_huge_workload_gets_its_block_map(client: TestClient, db: Database) -> None:
     """A workload the API would refuse, stored by a worker or ``tiletune tune``: 2^24 tokens of one
-    dense head. Its block map is a coarse one, drawn in a child. (Before: 5.8 GB and a 500.)"""
+    dense head. Its block map is a coarse one, drawn in a child, and the page renders."""
     pattern = SparsityPattern(VideoLayout(4096, 4096), (HeadPattern.dense(),))
     with db.transaction() as session:
         row = workloads.workload_row(session, Workload("cpu", "xla", "float32", 1, 64, pattern))
