@@ -8,13 +8,18 @@ head's rule allows *some* or *all* pairs of two rectangles is interval
 arithmetic on frame, position or frame-major token distances, so a tile is
 classified in O(1) and a head in O(tiles) time. Memory is bounded by classifying
 a chunk of q-blocks at a time and keeping only the non-empty tiles (CSR rows).
-Heads that share a pattern and a placement share one table.
+Heads that share a pattern and a placement share one table, and a head's table
+is kept for reuse (:data:`TABLE_CACHE_BYTES`), bounded by the bytes of the
+tables kept rather than by their number: one table of a long sequence can
+weigh a thousand small ones.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import functools
+import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +28,7 @@ from kernel.placement import Segment, TokenPlacement
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 _CHUNK_PAIRS = 1 << 22  # rectangle pairs classified per numpy pass (bounds peak memory)
+TABLE_CACHE_BYTES = 64 << 20  # head tables kept for reuse; a larger table is built and returned, never kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +50,11 @@ class HeadTable:
     @property
     def num_full(self) -> int:
         return int(self.is_full.sum())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table's arrays (what keeping it costs)."""
+        return int(self.row_ptr.nbytes + self.kv_index.nbytes + self.is_full.nbytes)
 
     def row_lengths(self) -> np.ndarray:
         return np.diff(self.row_ptr)
@@ -129,8 +140,54 @@ def build_block_tables(
     return BlockTables(block_q, block_kv, q_len // block_q, kv_len // block_kv, tables)
 
 
-@functools.lru_cache(maxsize=256)
-def _head_table(
+_TableKey = tuple[HeadPattern, TokenPlacement, int, int, int, int]
+
+
+class _TableCache:
+    """Memoises :func:`_build_head_table`: tables by their arguments, least recently used out
+    once the kept tables' bytes pass ``max_bytes`` (thread-safe; ``cache_clear`` as functools')."""
+
+    def __init__(self, build: Callable[..., HeadTable], max_bytes: int) -> None:
+        self.build = build
+        self.max_bytes = max_bytes
+        self._tables: collections.OrderedDict[_TableKey, HeadTable] = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __call__(
+        self, head: HeadPattern, placement: TokenPlacement, block_q: int, block_kv: int, q_len: int, kv_len: int
+    ) -> HeadTable:
+        key = (head, placement, block_q, block_kv, q_len, kv_len)
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = self.build(*key)  # outside the lock: other threads' hits do not wait for a build
+        with self._lock:
+            if table.nbytes <= self.max_bytes and key not in self._tables:
+                self._tables[key] = table
+                self._bytes += table.nbytes
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._tables.popitem(last=False)
+                    self._bytes -= dropped.nbytes
+        return table
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables kept now (at most ``max_bytes``)."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._tables.clear()
+            self._bytes = 0
+
+
+def _build_head_table(
     head: HeadPattern,
     placement: TokenPlacement,
     block_q: int,
@@ -153,6 +210,9 @@ def _head_table(
         full_parts.append(kinds[r, c] == FULL)
     row_ptr = np.concatenate([[0], np.cumsum(np.concatenate(row_lengths))]).astype(np.int64)
     return HeadTable(row_ptr, np.concatenate(kv_parts), np.concatenate(full_parts))
+
+
+_head_table = _TableCache(_build_head_table, TABLE_CACHE_BYTES)
 
 
 @dataclasses.dataclass

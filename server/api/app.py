@@ -3,7 +3,7 @@ the routers.
 
 Routes live on module-level routers, one module per concern (:mod:`~server.api.lookup`,
 :mod:`~server.api.configs`, :mod:`~server.api.history`, :mod:`~server.api.jobs`,
-:mod:`~server.api.health`); they take settings and the database through
+:mod:`~server.api.health`, :mod:`~server.api.docs`); they take settings and the database through
 :mod:`server.api.deps`. Other routers (the ``/ui`` dashboard) are mounted by the
 service's composition root, :func:`server.app.create_app`.
 """
@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.api import configs, health, history, jobs, lookup
-from server.api.limits import BodySizeLimit
+from server.api import configs, docs, health, history, jobs, lookup
+from server.api.limits import BodyLimits, limits_description, max_json_structure, validation_report
 from server.api.metrics import Metrics, MetricsMiddleware
 from server.api.schemas import ErrorOut
 from server.settings import Settings
@@ -32,7 +31,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "Missing, malformed, unknown or revoked bearer token"},
     403: {"model": ErrorOut, "description": "The token's role may not do this"},
     404: {"model": ErrorOut, "description": "No such workload or job"},
-    413: {"model": ErrorOut, "description": "Request body too large"},
+    413: {"model": ErrorOut, "description": "Request body too large (bytes, or JSON values: see the limits)"},
     422: {"model": ErrorOut, "description": "Invalid input; the message names the field and the rule"},
 }
 
@@ -47,8 +46,13 @@ def create_app(
     app = FastAPI(
         title="tiletune",
         version="0.1.0",
-        description="Tuned tile configs for block-sparse video attention, keyed by hardware, shape and pattern.",
+        description="Tuned tile configs for block-sparse video attention, keyed by hardware, shape and pattern."
+        + limits_description(settings),
         responses=ERRORS,
+        # Served by server.api.docs behind the read gate instead.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.db = db
@@ -57,9 +61,14 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(SnapshotAheadError, _snapshot_ahead)
-    for router in (health.router, lookup.router, configs.router, history.router, jobs.router, *routers):
+    for router in (health.router, docs.router, lookup.router, configs.router, history.router, jobs.router, *routers):
         app.include_router(router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimits,
+        max_bytes=settings.max_body_bytes,
+        max_structure=max_json_structure(settings),
+        max_heads=settings.max_heads,
+    )
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app
 
@@ -67,17 +76,7 @@ def create_app(
 async def _validation(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     # "input" is not echoed: it may hold NaN/Infinity or lone surrogates (unrenderable) or a 1 MiB body.
-    raw = [{k: v for k, v in err.items() if k != "input"} for err in exc.errors()]
-    errors = jsonable_encoder(raw, custom_encoder={Exception: str})
-    parts = []
-    for err in errors:
-        if err.get("type") == "json_invalid":  # loc is ("body", <character offset>)
-            offset = err.get("loc", ("body", "?"))[-1]
-            parts.append(f"body: invalid JSON at character {offset}: {err.get('ctx', {}).get('error', '')}")
-            continue
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return JSONResponse({"detail": errors, "message": "; ".join(parts)}, 422)
+    return validation_report(exc.errors())
 
 
 async def _http(_request: Request, exc: Exception) -> JSONResponse:

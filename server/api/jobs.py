@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from kernel.workload import KEY_PATTERN
 from server.api.auth import WRITE_ROLES, read_access, require_roles
-from server.api.deps import DatabaseDep, PageDep, ReadSessionDep, job_or_404, workload_or_404
+from server.api.deps import DatabaseDep, PageDep, ReadSessionDep, SettingsDep, job_or_404, workload_or_404
+from server.api.limits import check_workload
 from server.api.schemas import MAX_ID, JobOut, JobPage, JobRequest
 from server.store import models, queue, workloads
 from server.store.db import page
@@ -27,10 +28,16 @@ WriterDep = Annotated[models.ApiToken, Depends(require_roles(*WRITE_ROLES))]
     status_code=201,
     responses={200: {"model": JobOut, "description": "A job was already queued or running"}},
 )
-def create_job(body: JobRequest, db: DatabaseDep, token: WriterDep) -> Any:
-    """Queue a tuning job (never two queued or running jobs for one workload)."""
+def create_job(token: WriterDep, body: JobRequest, db: DatabaseDep, settings: SettingsDep) -> Any:
+    """Queue a tuning job (never two queued or running jobs for one workload).
+
+    The token is checked before the body is validated; a workload over the deployment's
+    limits (TILETUNE_MAX_TOKENS, _MAX_HEADS, _MAX_HEAD_CLASSES, _MAX_BATCH) gets a 422 naming the limit.
+    """
+    wl = body.workload.to_workload()
+    check_workload(wl, settings, preset=body.workload.preset is not None)
     with db.transaction() as session:
-        row = workloads.workload_row(session, body.workload.to_workload())
+        row = workloads.workload_row(session, wl)
         job, created = queue.enqueue_job(
             session,
             row,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse
 
-from server.api.auth import WRITE_ROLES, authenticate
+from server.api.auth import WRITE_ROLES, CallerDep
 from server.api.deps import DatabaseDep, SettingsDep
+from server.api.limits import check_workload
 from server.api.schemas import LookupRequest, LookupResponse
 from server.store import queue, workloads
 
@@ -19,37 +20,43 @@ router = APIRouter(prefix="/v1", tags=["configs"])
 # the JSON itself (a thread-pool hop per sync dependency and a second validation of the
 # response cost more than the work).
 @router.post("/lookup", response_model=LookupResponse)
-async def lookup(body: LookupRequest, request: Request, settings: SettingsDep, db: DatabaseDep) -> JSONResponse:
+async def lookup(token: CallerDep, body: LookupRequest, settings: SettingsDep, db: DatabaseDep) -> JSONResponse:
     """The tuned config of a workload: tuned -> stale -> nearest -> heuristic.
 
     With ``enqueue=true`` a miss (anything but ``tuned``) queues one tuning job;
     that is a write and needs a writer token. ``snapshot`` in the answer is the
     highest tuned-config id when it was read; send it back as ``snapshot`` to get
     the answer as of then (every host of a multi-host run pins the same one).
+
+    The caller's token is checked before the body is validated; a workload over the
+    deployment's limits (TILETUNE_MAX_TOKENS, _MAX_HEADS, _MAX_HEAD_CLASSES, _MAX_BATCH)
+    gets a 422 naming the limit.
     """
     wl = body.workload.to_workload()
+    check_workload(wl, settings, preset=body.workload.preset is not None)
     versions = body.versions.model_dump()
     job_id = None
-    if not body.enqueue and not settings.require_read_token and "authorization" not in request.headers:
-        # The common anonymous read: a plain connection, no ORM session.
+    if body.enqueue:
+        if token is None:
+            raise HTTPException(
+                401, "authorization: a bearer token is required to queue a job", {"WWW-Authenticate": "Bearer"}
+            )
+        if token.role not in WRITE_ROLES:
+            raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
+        with db.transaction() as session:
+            result = workloads.lookup(
+                session, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
+            )
+            if result.source != "tuned":
+                row = workloads.workload_row(session, wl)
+                job, _ = queue.enqueue_job(session, row, budget=settings.job_budget_default, requested_by=token.name)
+                job_id = job.id
+    else:
+        # A read: a plain connection, no ORM session.
         with db.reader() as conn:
             result = workloads.lookup(
                 conn, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
             )
-    else:
-        with db.transaction() as session:
-            token = authenticate(request, session, required=body.enqueue or settings.require_read_token)
-            if body.enqueue and token is not None and token.role not in WRITE_ROLES:
-                raise HTTPException(403, f"authorization: role {token.role!r} may not queue jobs")
-            result = workloads.lookup(
-                session, wl, versions, candidates=settings.nearest_candidates, snapshot=body.snapshot
-            )
-            if body.enqueue and result.source != "tuned":
-                row = workloads.workload_row(session, wl)
-                job, _ = queue.enqueue_job(
-                    session, row, budget=settings.job_budget_default, requested_by=token.name if token else None
-                )
-                job_id = job.id
     t = result.tuned
     return JSONResponse(
         {

@@ -4,7 +4,9 @@ Field limits are checked here first (types, ranges, sizes); the kernel's own
 reader of the workload JSON (:meth:`kernel.workload.Workload.from_dict`) then
 checks the cross-field rules (pattern or preset, windows against the layout,
 heads and sequence length consistent) and its messages are returned as
-validation errors that name the field.
+validation errors that name the field. The bounds here are the most any
+deployment may admit; a deployment's own, lower limits (``TILETUNE_MAX_*``) are
+checked by the routes (:func:`server.api.limits.check_workload`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from kernel.layout import MAX_SEQ_LEN
 from kernel.presets import PRESETS
 from kernel.workload import KERNEL_VERSION, MAX_BATCH, MAX_HEAD_DIM, Backend, Dtype, Workload
+from server.settings import MAX_HEADS
 
-MAX_HEADS = 1024
 MAX_ID = 2**31 - 1  # ids (jobs, tuned configs, snapshots): INTEGER, int4 on PostgreSQL
 Strict = ConfigDict(extra="forbid", strict=True)  # strict: no true/"4"/4.0 for an int
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
@@ -26,7 +28,9 @@ NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
 
 class LayoutSpec(BaseModel):
     model_config = Strict
-    frames: int = Field(ge=1, le=MAX_SEQ_LEN, description="Latent frames F")
+    frames: int = Field(
+        ge=1, le=MAX_SEQ_LEN, description="Latent frames F (F*P + T: at most TILETUNE_MAX_TOKENS tokens)"
+    )
     tokens_per_frame: int = Field(ge=1, le=MAX_SEQ_LEN, description="Tokens per frame P")
     text_tokens: int = Field(0, ge=0, le=MAX_SEQ_LEN, description="Text tokens T")
     text_position: Literal["prefix", "suffix"] = "suffix"
@@ -44,7 +48,14 @@ class HeadSpec(BaseModel):
 class PatternSpec(BaseModel):
     model_config = Strict
     layout: LayoutSpec
-    heads: Annotated[list[HeadSpec], Field(min_length=1, max_length=MAX_HEADS)]
+    heads: Annotated[
+        list[HeadSpec],
+        Field(
+            min_length=1,
+            max_length=MAX_HEADS,
+            description="At most TILETUNE_MAX_HEADS heads of at most TILETUNE_MAX_HEAD_CLASSES distinct patterns",
+        ),
+    ]
 
 
 class WorkloadSpec(BaseModel):
@@ -60,10 +71,10 @@ class WorkloadSpec(BaseModel):
     device_kind: str = Field(min_length=1, max_length=64, pattern=NO_NUL, description="jax.devices()[0].device_kind")
     backend: Backend
     dtype: Dtype = "bfloat16"
-    batch: int = Field(1, ge=1, le=MAX_BATCH)
+    batch: int = Field(1, ge=1, le=MAX_BATCH, description="At most TILETUNE_MAX_BATCH")
     head_dim: int | None = Field(None, ge=1, le=MAX_HEAD_DIM, description="Required unless a preset gives it")
     pattern: PatternSpec | None = None
-    preset: str | None = Field(None, description=f"One of {', '.join(PRESETS)}")
+    preset: str | None = Field(None, max_length=64, pattern=NO_NUL, description=f"One of {', '.join(PRESETS)}")
     heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Optional check: must equal the pattern's heads")
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Optional check: must equal F*P + T")
     kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16, pattern=NO_NUL)
@@ -228,4 +239,5 @@ class JobPage(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: Any
-    message: str
+    message: str = Field(description="The field and the rule (a 422 names its first 10 problems)")
+    errors: int | None = Field(None, description="422 of a body: how many problems it had")

@@ -63,34 +63,60 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _process_table() -> dict[int, tuple[int, list[str]]]:
+    """Every process of this machine: pid -> (parent pid, /proc/PID/stat fields after the name)."""
+    table: dict[int, tuple[int, list[str]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        table[int(entry)] = (int(fields[1]), fields)
+    return table
+
+
+def _tree(root: int, table: dict[int, tuple[int, list[str]]]) -> set[int]:
+    """``root`` and its descendants in ``table`` (empty when ``root`` is not in it)."""
+    if root not in table:
+        return set()
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return tree
+
+
 def process_tree_cpu_seconds(root: int) -> float | None:
     """CPU seconds (user + system) of process ``root`` and its descendants, from /proc; None elsewhere."""
     try:
         tick = os.sysconf("SC_CLK_TCK")
-        parents: dict[int, int] = {}
-        cpu: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            parents[int(entry)] = int(fields[1])
-            cpu[int(entry)] = int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, AttributeError):
+        table = _process_table()
+        tree = _tree(root, table)
+        if not tree:
+            return None
+        return sum(int(table[pid][1][11]) + int(table[pid][1][12]) for pid in tree) / tick
+    except (OSError, ValueError, AttributeError, IndexError):
         return None
-    if root not in cpu:
+
+
+def process_tree_rss_bytes(root: int) -> int | None:
+    """Resident memory of process ``root`` and its descendants (the sum of their RSS: pages they
+    share count once per process, so this is an upper bound), from /proc; None elsewhere."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        table = _process_table()
+        tree = _tree(root, table)
+        if not tree:
+            return None
+        return sum(int(table[pid][1][21]) for pid in tree) * page
+    except (OSError, ValueError, AttributeError, IndexError):
         return None
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return sum(cpu[pid] for pid in tree) / tick
 
 
 class Child:
@@ -177,6 +203,9 @@ class Child:
 
     def cpu_seconds(self) -> float | None:
         return process_tree_cpu_seconds(self.proc.pid)
+
+    def rss_bytes(self) -> int | None:
+        return process_tree_rss_bytes(self.proc.pid)
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM, up to ``grace_s`` to exit, then SIGKILL to the group; the exit code."""

@@ -2,8 +2,10 @@
 
 :func:`drive_load` gives every target its measured seconds in windows taken in
 turn (A B C A B C ...), so a drift of the machine's background load touches
-every phase alike; each window reports throughput, latency percentiles, and the
-CPU time of the clients and of the server's process tree.
+every phase alike; each window reports throughput, latency percentiles, the
+CPU time of the clients and of the server's process tree, and the peak resident
+memory of that tree. A target may bring a companion (the abuse client of
+:mod:`server.bench.abuse`) that runs during its windows only.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -71,15 +73,29 @@ def page_labeller(limit: int) -> Labeller:
     return label
 
 
+RSS_SAMPLE_S = 0.1  # how often the server tree's resident memory is read during a window
+
+
+class Companion(Protocol):
+    """Work that runs beside a target's clients during its windows (warm-up included)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None:
+        """Stop and wait for the request in flight, so the next window starts clean."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadTarget:
-    """One phase's load: where it goes, what it sends, how answers are labelled, whose CPU is counted."""
+    """One phase's load: where it goes, what it sends, how answers are labelled, whose CPU and memory
+    are counted, and what runs beside it."""
 
     name: str
     base_url: str
     requests: Sequence[BenchRequest]
     labeller: Labeller | None = None
     server: Child | None = None
+    companion: Companion | None = None
 
 
 @dataclasses.dataclass
@@ -94,6 +110,7 @@ class _Window:
     client_cpu_s: float
     server_cpu_s: float | None
     loadavg: float | None
+    peak_rss_bytes: int | None
 
 
 def _measure(target: LoadTarget, *, clients: int, duration_s: float, warmup_s: float) -> _Window:
@@ -155,14 +172,18 @@ def _measure(target: LoadTarget, *, clients: int, duration_s: float, warmup_s: f
     begin = time.perf_counter()
     window["start"] = begin + warmup_s
     window["end"] = begin + warmup_s + duration_s
+    if target.companion is not None:
+        target.companion.start()
     barrier.wait()
     server = target.server
     time.sleep(max(0.0, window["start"] - time.perf_counter()))
     cpu0, server0 = time.process_time(), server.cpu_seconds() if server else None
-    time.sleep(max(0.0, window["end"] - time.perf_counter()))
+    peak_rss = _peak_rss(server, window["end"]) if server else None
     cpu1, server1 = time.process_time(), server.cpu_seconds() if server else None
     for t in threads:
         t.join()
+    if target.companion is not None:
+        target.companion.stop()
     return _Window(
         latencies=[x for r in results for x in r["latencies"]],
         labels=[x for r in results for x in r["labels"]],
@@ -172,7 +193,21 @@ def _measure(target: LoadTarget, *, clients: int, duration_s: float, warmup_s: f
         client_cpu_s=cpu1 - cpu0,
         server_cpu_s=server1 - server0 if server0 is not None and server1 is not None else None,
         loadavg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        peak_rss_bytes=peak_rss,
     )
+
+
+def _peak_rss(server: Child, until: float) -> int | None:
+    """The most resident memory of ``server``'s process tree seen until ``until`` (perf_counter)."""
+    peak: int | None = None
+    while True:
+        rss = server.rss_bytes()
+        if rss is not None:
+            peak = rss if peak is None else max(peak, rss)
+        left = until - time.perf_counter()
+        if left <= 0:
+            return peak
+        time.sleep(min(RSS_SAMPLE_S, left))
 
 
 def _summarize(target: LoadTarget, windows: list[_Window]) -> dict[str, Any]:
@@ -180,7 +215,7 @@ def _summarize(target: LoadTarget, windows: list[_Window]) -> dict[str, Any]:
 
     CPU time of this process (the clients) and of the server's process tree, and
     the 1-minute load average, tell whether the clients or other work on the
-    machine limited the figures.
+    machine limited the figures; the peak resident memory is the server tree's.
     """
     latencies = [x for w in windows for x in w.latencies]
     labels = [x for w in windows for x in w.labels]
@@ -189,6 +224,7 @@ def _summarize(target: LoadTarget, windows: list[_Window]) -> dict[str, Any]:
     done = len(latencies) + errors
     server_cpu = [w.server_cpu_s for w in windows]
     loads = [w.loadavg for w in windows if w.loadavg is not None]
+    peaks = [w.peak_rss_bytes for w in windows if w.peak_rss_bytes is not None]
     out: dict[str, Any] = {
         "requests": done,
         "errors": errors,
@@ -200,6 +236,7 @@ def _summarize(target: LoadTarget, windows: list[_Window]) -> dict[str, Any]:
         "server_cpu_fraction": None,
         "server_cpu_ms_per_request": None,
         "loadavg_1m": round(sum(loads) / len(loads), 2) if loads else None,
+        "server_peak_rss_mb": round(max(peaks) / 2**20, 1) if peaks else None,
         "error_samples": [x for w in windows for x in w.samples][:5],
     }
     if server_cpu and all(c is not None for c in server_cpu):

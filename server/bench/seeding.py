@@ -27,7 +27,7 @@ from kernel.config import TileConfig, params_key
 from kernel.layout import TextPosition, VideoLayout
 from kernel.pattern import HeadPattern, PatternKind, SparsityPattern
 from kernel.workload import Workload
-from server.store import models
+from server.store import models, tokens
 from server.store.db import Database
 from server.store.migrate import upgrade
 from server.store.workloads import workload_columns
@@ -154,6 +154,16 @@ def plan_workloads(count: int, *, seed: int = 0, tuned_fraction: float = 0.75) -
         keys.append(key)
         tuned.append(is_tuned)
     return WorkloadPlan(params, keys, tuned, hit_bodies, untuned_bodies, miss_bodies)
+
+
+def create_writer_token(url: str, name: str = "bench-abuse") -> str:
+    """A writer token in the bench's database (the abuse client queues jobs with it)."""
+    db = Database(url)
+    try:
+        with db.transaction() as session:
+            return tokens.create_token(session, name, "writer")
+    finally:
+        db.dispose()
 
 
 def prepare_database(url: str) -> None:

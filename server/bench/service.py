@@ -11,7 +11,13 @@ One run, on one machine, measures:
   uvicorn + FastAPI + the HTTP client on this machine); ``lookup``, the same
   lookup requests as ``lookup_empty`` (most hit ``tuned``, ``--miss-fraction``
   go to ``nearest``); ``history``, ``GET /v1/workloads/{key}/history?limit=50``
-  on the workloads with the most trials.
+  on the workloads with the most trials;
+- then, unless ``--no-abuse``, in turn again: ``lookup_quiet``, the same lookups, and
+  ``lookup_abused``, the same lookups while one more client sends the worst requests the
+  service's limits allow (:mod:`server.bench.abuse`: the largest bodies, the largest
+  workload, its never-drawn figures); the report gives the ratio of their p99s, the
+  abuse client's answers, and the peak resident memory of the server's process tree
+  (its uvicorn workers and their figure-drawing children).
 
 Both servers are real uvicorn subprocesses on 127.0.0.1 started with the same
 settings (host, workers, log level; :mod:`server.bench.harness`); only ratios of
@@ -35,7 +41,9 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from server.api.limits import max_json_structure
 from server.bench import BenchError
+from server.bench.abuse import AbuseClient
 from server.bench.harness import HOST, HttpChild, child_env, http_server, uvicorn_command
 from server.bench.load import (
     BenchRequest,
@@ -46,10 +54,11 @@ from server.bench.load import (
     page_labeller,
     source_label,
 )
-from server.bench.seeding import plan_workloads, prepare_database, seed_database
+from server.bench.seeding import create_writer_token, plan_workloads, prepare_database, seed_database
+from server.settings import Settings
 from server.store.db import normalize_url
 
-PHASES = ("bare", "lookup_empty", "lookup", "history")  # the report's order
+PHASES = ("bare", "lookup_empty", "lookup", "history", "lookup_quiet", "lookup_abused")  # the report's order
 APP_TARGET = "server.app:create_app"
 BARE_TARGET = "server.bench.service:bare_app"
 BARE_PATH = "/bare"
@@ -110,6 +119,7 @@ class ServiceBenchOptions:
     history_limit: int = 50
     rounds: int = 3
     seed: int = 0
+    abuse: bool = True
 
     def load(self) -> dict[str, Any]:
         """The keyword arguments of :func:`drive_load` every phase shares."""
@@ -155,6 +165,7 @@ def run_service_bench(opts: ServiceBenchOptions, progress: Callable[[str], None]
             raise BenchError(f"database {_redact(url)}: {first}") from exc
         lookups = lookup_requests(plan, miss_fraction=opts.miss_fraction, seed=opts.seed)
         phases: dict[str, dict[str, Any]] = {}
+        abuse: dict[str, Any] | None = None
         if opts.compare_empty:
             say("phase lookup_empty: lookups on the empty database")
             with serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app:
@@ -181,6 +192,14 @@ def run_service_bench(opts: ServiceBenchOptions, progress: Callable[[str], None]
                 ),
             ]
             phases.update(drive_load(targets, rounds=opts.rounds, **opts.load()))
+            if opts.abuse:
+                say("phases lookup_quiet, lookup_abused (in turn)")
+                limits = Settings(database_url=url)  # what the server reads from the same TILETUNE_* variables
+                abuser = AbuseClient(app.base_url, limits, create_writer_token(url), max_json_structure(limits))
+                quiet = LoadTarget("lookup_quiet", app.base_url, lookups, source_label, app)
+                abused = dataclasses.replace(quiet, name="lookup_abused", companion=abuser)
+                phases.update(drive_load([quiet, abused], rounds=opts.rounds, **opts.load()))
+                abuse = abuser.report()
     finally:
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -196,6 +215,7 @@ def run_service_bench(opts: ServiceBenchOptions, progress: Callable[[str], None]
         "seed": {"plan_s": round(plan_s, 2), **seeded.to_dict()},
         "phases": {name: phases[name] for name in PHASES if name in phases},
         "ratios": _ratios(phases),
+        "abuse": abuse,
     }
 
 
@@ -209,6 +229,13 @@ def _ratios(phases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "lookup_p99_seeded_over_empty": ratio(lookup.get("p99_ms"), empty.get("p99_ms")),
         "lookup_p50_seeded_over_empty": ratio(lookup.get("p50_ms"), empty.get("p50_ms")),
         "history_p99_ms": phases.get("history", {}).get("p99_ms"),
+        "lookup_p99_abused_over_quiet": ratio(
+            phases.get("lookup_abused", {}).get("p99_ms"), phases.get("lookup_quiet", {}).get("p99_ms")
+        ),
+        "server_peak_rss_mb": max(
+            (p["server_peak_rss_mb"] for p in phases.values() if p.get("server_peak_rss_mb") is not None),
+            default=None,
+        ),
     }
 
 
@@ -227,7 +254,17 @@ def print_service_report(report: dict[str, Any], out: Any) -> None:
         f"{s['seconds']:.1f} s ({s['trials_per_s'] or 0:,} trials/s; plan {s['plan_s']:.1f} s)"
     )
     table = Table(
-        "phase", "requests", "errors", "req/s", "p50 ms", "p99 ms", "max ms", "server CPU ms/req", "load", "answers"
+        "phase",
+        "requests",
+        "errors",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "server CPU ms/req",
+        "server RSS MB",
+        "load",
+        "answers",
     )
     for name, p in report["phases"].items():
         answers = ", ".join(f"{k} {v['count']:,} (p99 {v['p99_ms']:.1f})" for k, v in p.get("by_label", {}).items())
@@ -240,6 +277,7 @@ def print_service_report(report: dict[str, Any], out: Any) -> None:
             f"{p['p99_ms']:.2f}" if p["p99_ms"] is not None else "-",
             f"{p['max_ms']:.1f}" if p["max_ms"] is not None else "-",
             f"{p['server_cpu_ms_per_request']:.2f}" if p["server_cpu_ms_per_request"] is not None else "-",
+            f"{p['server_peak_rss_mb']:.0f}" if p["server_peak_rss_mb"] is not None else "-",
             f"{p['loadavg_1m']:.1f}" if p["loadavg_1m"] is not None else "-",
             answers,
         )
@@ -254,6 +292,24 @@ def print_service_report(report: dict[str, Any], out: Any) -> None:
         f"lookup p99 seeded / empty: {fmt(r['lookup_p99_seeded_over_empty'])}; "
         f"history p99: {fmt(r['history_p99_ms'], ' ms')}"
     )
+    if report.get("abuse"):
+        a = report["abuse"]
+        w = a["largest_workload"]
+        out.print(
+            f"abuse: {a['rounds']} rounds of a {a['crowded_body_bytes']:,}-byte crowded body, a "
+            f"{a['invalid_body_bytes']:,}-byte invalid body, a job and a lookup of {w['tokens']:,} tokens x "
+            f"{w['heads']} heads ({w['head_classes']} classes) x batch {w['batch']}, its page and 4 new figures"
+        )
+        for kind, k in a["requests"].items():
+            statuses = ", ".join(f"{code} x{n}" for code, n in k["statuses"].items())
+            p50 = f"{k['p50_ms']:.0f}" if k["p50_ms"] is not None else "-"
+            worst = f"{k['max_ms']:.0f}" if k["max_ms"] is not None else "-"
+            out.print(f"  {kind}: {statuses}; p50 {p50} ms, max {worst} ms")
+        out.print(
+            f"lookup p99 with the abuse client / without (windows in turn): "
+            f"{fmt(r['lookup_p99_abused_over_quiet'])} (target <= 2x); server peak RSS "
+            f"{fmt(r['server_peak_rss_mb'], ' MB')} (target < 1000 MB; sum over its processes)"
+        )
     out.print(
         "load: 1-minute load average of the machine during the phase; with more runnable work than "
         f"{o['cpus']} CPUs, latencies include waiting for a CPU"

@@ -99,6 +99,12 @@ def bench_service_cmd(
     rounds: Annotated[
         int, typer.Option(min=1, help="Windows per seeded phase: bare, lookup and history take turns.")
     ] = 3,
+    abuse: Annotated[
+        bool,
+        typer.Option(
+            help="Also measure lookups with and without one client sending the worst requests the limits allow."
+        ),
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Service throughput and p50/p99 latency beside a bare FastAPI route, on an empty and a seeded database.
@@ -106,8 +112,10 @@ def bench_service_cmd(
     Starts uvicorn on 127.0.0.1 (free ports) for the tiletune app and for a bare
     route with the same settings, and drives each phase from concurrent clients:
     lookups on the empty database, then, after seeding, the bare route, lookups
-    and history pages in turn. With --database-url the bench deletes every row of that database's
-    tt_* tables first. Exits 1 when any request failed.
+    and history pages in turn; then lookups with and without an abuse client
+    (the largest bodies, the largest workload, its new figures) in turn, with the
+    server's peak memory. With --database-url the bench deletes every row of that database's
+    tt_* tables first. Exits 1 when any measured request failed.
     """
     from server.bench import BenchError
     from server.bench.service import ServiceBenchOptions, print_service_report, run_service_bench
@@ -123,6 +131,7 @@ def bench_service_cmd(
         compare_empty=compare_empty,
         miss_fraction=miss_fraction,
         rounds=rounds,
+        abuse=abuse,
     )
     report = _run(run_service_bench, opts, print_service_report, as_json, errors=(BenchError,))
     failed = {name: p["errors"] for name, p in report["phases"].items() if p["errors"]}

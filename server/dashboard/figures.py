@@ -6,17 +6,22 @@
 - ``heatmap``: the best time per block_q x block_kv cell, one panel per
   variant x layout;
 - ``blockmap``: which tiles of the pattern are empty, partial or full at the
-  winning tile sizes, one row per head class, with and without the
-  temporal-major permutation; large maps are aggregated to at most
-  ``MAX_CELLS`` cells per side (a cell's colour mixes the kinds of the tiles it
-  holds), and the panel says so;
+  winning tile sizes, one row per head class (at most ``MAX_CLASS_ROWS``), with
+  and without the temporal-major permutation; large maps are aggregated to at
+  most ``MAX_CELLS`` cells per side (a cell's colour mixes the kinds of the
+  tiles it holds), and the panel says so. The work is bounded before it starts:
+  when the panels hold more than ``max_tiles`` tiles together, no per-tile table
+  is built and each cell of n x n tiles is classified as one (the kernel's
+  interval arithmetic at n times the tile sizes): full, empty, or mixed;
 - ``speedup``: the winner's (re-timed) speedup over dense with its p10-p90
   spread, beside the fastest other trials.
 
 Every figure renders from a :class:`TuningRecord` (plain data loaded once from
-the database) at a fixed pixel size, and always renders: missing data gives a
-figure that says what is missing. Rendering holds one lock: pyplot (which
-Optuna's plots use) keeps global state, and the server renders in a thread pool.
+the database) at the pixel size :mod:`server.dashboard.catalog` gives, and always renders: missing data gives a
+figure that says what is missing. Rendering holds one lock per process: pyplot
+(which Optuna's plots use) keeps global state. The server draws in child
+processes (:mod:`server.dashboard.renderer`), so the lock never makes one
+figure wait for another's drawing.
 """
 
 from __future__ import annotations
@@ -40,13 +45,25 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from kernel.attention import prepare_group
-from kernel.block_tables import HeadTable
+from kernel.attention import head_placement, prepare_group
+from kernel.block_tables import FULL, PARTIAL, HeadTable, build_block_tables
 from kernel.config import TileConfig
+from kernel.pattern import HeadPattern
+from kernel.placement import TokenPlacement, round_up
+from server.dashboard.catalog import (
+    HISTORY_SIZE,
+    MAX_CLASS_ROWS,
+    NAMES,
+    SPEEDUP_SIZE,
+    blockmap_size,
+    facets,
+    heatmap_size,
+)
 from server.store.records import TuningRecord
 
 DPI = 100
 MAX_CELLS = 160  # block-map cells per side; larger tile grids are aggregated
+DEFAULT_MAX_TILES = 1 << 22  # tiles a block map classifies one by one (TILETUNE_MAX_FIGURE_TILES)
 STATUS_STYLE = {  # marker, colour: one per non-ok status in the history
     "running": (">", "#1f77b4"),  # reserved by a worker, being measured now
     "pruned": ("o", "#7f7f7f"),
@@ -93,8 +110,6 @@ def _message(ax: Any, text: str) -> None:
 
 
 # ---------------------------------------------------------------- history
-
-HISTORY_SIZE = (900, 420)
 
 
 def history_figure(record: TuningRecord) -> RenderedFigure:
@@ -174,28 +189,11 @@ def history_figure(record: TuningRecord) -> RenderedFigure:
 
 # ---------------------------------------------------------------- heatmap
 
-HEATMAP_PANEL = (330, 300)
-HEATMAP_EXTRA = (120, 70)  # colour bar, suptitle
-
-
-def _facets(record: TuningRecord) -> tuple[list[str], list[str]]:
-    variants = sorted({str(t.params.get("variant")) for t in record.trials if t.params.get("variant")})
-    layouts = sorted({str(t.params.get("layout")) for t in record.trials if t.params.get("layout")})
-    return variants or ["-"], layouts or ["-"]
-
-
-def heatmap_size(record: TuningRecord) -> tuple[int, int]:
-    variants, layouts = _facets(record)
-    return (
-        HEATMAP_PANEL[0] * len(layouts) + HEATMAP_EXTRA[0],
-        HEATMAP_PANEL[1] * len(variants) + HEATMAP_EXTRA[1],
-    )
-
 
 def heatmap_figure(record: TuningRecord) -> RenderedFigure:
     """Best ok time per (block_q, block_kv), one panel per variant (rows) x layout (columns)."""
     width, height = heatmap_size(record)
-    variants, layouts = _facets(record)
+    variants, layouts = facets(record)
     fig = _new_figure(width, height)
     title = "best time per tile size (ms; other parameters at their best)"
     fig.suptitle(
@@ -282,8 +280,6 @@ def heatmap_figure(record: TuningRecord) -> RenderedFigure:
 
 # ---------------------------------------------------------------- block map
 
-BLOCKMAP_PANEL = (380, 380)
-BLOCKMAP_EXTRA = (40, 90)
 LAYOUT_TITLES = {"frame_major": "frame-major (no permutation)", "temporal_major": "temporal-major (permuted)"}
 
 
@@ -292,7 +288,9 @@ class TileMap:
     """A head's tile kinds, aggregated to at most ``MAX_CELLS`` per side.
 
     ``full``/``partial`` hold the fraction of each cell's tiles of that kind;
-    ``cell`` tiles per side make one cell (1: no aggregation).
+    ``cell`` tiles per side make one cell (1: no aggregation). A ``coarse`` map
+    classified each cell as one: ``counts`` are then of cells, and a ``partial``
+    cell holds a mix of tiles (full, partial or empty: not told apart).
     """
 
     full: np.ndarray
@@ -301,6 +299,7 @@ class TileMap:
     num_q_blocks: int
     num_kv_blocks: int
     counts: dict[str, int]
+    coarse: bool = False
 
     def rgb(self) -> np.ndarray:
         empty = 1.0 - self.full - self.partial
@@ -339,36 +338,78 @@ def tile_map(table: HeadTable, num_q_blocks: int, num_kv_blocks: int, max_cells:
     )
 
 
-def head_class_maps(record: TuningRecord, config: TileConfig) -> list[tuple[str, list[int], dict[str, TileMap | None]]]:
-    """Per head class: (description, heads, {layout: TileMap or None when the layout does not apply})."""
+def coarse_tile_map(
+    head: HeadPattern,
+    placement: TokenPlacement,
+    config: TileConfig,
+    q_len: int,
+    kv_len: int,
+    max_cells: int = MAX_CELLS,
+) -> TileMap:
+    """A head's map with each cell of n x n tiles classified as one tile of n times the tile sizes:
+    O(cells) work and memory whatever the sequence length (slots past ``q_len`` / ``kv_len``
+    are padding, which the kernel classifies empty)."""
+    nq, nk = q_len // config.block_q, kv_len // config.block_kv
+    cell = max(1, -(-max(nq, nk) // max_cells))
+    big_q, big_kv = cell * config.block_q, cell * config.block_kv
+    tables = build_block_tables([head], [placement], big_q, big_kv, round_up(q_len, big_q), round_up(kv_len, big_kv))
+    table = tables.heads[0]
+    rows, cols = tables.num_q_blocks, tables.num_kv_blocks
+    flat_kinds = np.zeros(rows * cols, np.int8)
+    flat = np.repeat(np.arange(rows), table.row_lengths()) * cols + table.kv_index
+    flat_kinds[flat] = np.where(table.is_full, FULL, PARTIAL)
+    kinds = flat_kinds.reshape(rows, cols)
+    full, mixed = (kinds == FULL), (kinds == PARTIAL)
+    counts = {"full": int(full.sum()), "partial": int(mixed.sum())}
+    counts["empty"] = rows * cols - counts["full"] - counts["partial"]
+    return TileMap(full.astype(np.float64), mixed.astype(np.float64), cell, nq, nk, counts, coarse=True)
+
+
+def head_class_maps(
+    record: TuningRecord, config: TileConfig, max_tiles: int = DEFAULT_MAX_TILES
+) -> list[tuple[str, list[int], dict[str, TileMap | None]]]:
+    """Per head class (the first ``MAX_CLASS_ROWS``): (description, heads, {layout: TileMap or None
+    when the layout does not apply}). Exact maps when all panels together hold at most ``max_tiles``
+    tiles, coarse ones (:func:`coarse_tile_map`) otherwise; the count is known before any table is built."""
     pattern = record.workload.pattern
+    classes = list(pattern.classes().items())[:MAX_CLASS_ROWS]
+    # Every head's slots span the frame-major geometry's length (prepare_group pads to it).
+    geometry = TokenPlacement.build(pattern.layout, "frame_major", config.align_unit)
+    q_len, kv_len = round_up(geometry.length, config.block_q), round_up(geometry.length, config.block_kv)
+    panels = sum(2 if head.kind == "temporal" else 1 for head, _ in classes)
+    exact = panels * (q_len // config.block_q) * (kv_len // config.block_kv) <= max_tiles
     out = []
-    for head, heads in pattern.classes().items():
+    for head, heads in classes:
         maps: dict[str, TileMap | None] = {}
         for layout in ("frame_major", "temporal_major"):
             if layout == "temporal_major" and head.kind != "temporal":
                 maps[layout] = None  # only temporal heads are permuted
                 continue
             placed = dataclasses.replace(config, layout=layout)
-            _, _, tables, _ = prepare_group(pattern, [heads[0]], placed)
-            maps[layout] = tile_map(tables.heads[0], tables.num_q_blocks, tables.num_kv_blocks)
+            if exact:
+                _, _, tables, _ = prepare_group(pattern, [heads[0]], placed)
+                maps[layout] = tile_map(tables.heads[0], tables.num_q_blocks, tables.num_kv_blocks)
+            else:
+                placement = head_placement(head, placed, geometry)
+                maps[layout] = coarse_tile_map(head, placement, placed, q_len, kv_len)
         out.append((head.describe(), heads, maps))
     return out
 
 
-def blockmap_size(record: TuningRecord) -> tuple[int, int]:
-    classes = len(record.workload.pattern.classes())
-    return BLOCKMAP_PANEL[0] * 2 + BLOCKMAP_EXTRA[0], BLOCKMAP_PANEL[1] * classes + BLOCKMAP_EXTRA[1]
-
-
-def blockmap_figure(record: TuningRecord) -> RenderedFigure:
-    """Empty / partial / full tiles of each head class at the winning tile sizes, both token orders."""
+def blockmap_figure(record: TuningRecord, max_tiles: int = DEFAULT_MAX_TILES) -> RenderedFigure:
+    """Empty / partial / full tiles of each head class at the winning tile sizes, both token orders
+    (coarse cells when the panels hold more than ``max_tiles`` tiles)."""
     width, height = blockmap_size(record)
     config, source = record.winner()
     fig = _new_figure(width, height)
     title = f"tiles at q{config.block_q} x kv{config.block_kv}, align={config.align} ({source})"
+    classes = head_class_maps(record, config, max_tiles)
+    total = len(record.workload.pattern.classes())
+    if total > len(classes):
+        title += f"; the first {len(classes)} of {total} head classes"
+    if any(tm is not None and tm.coarse for _, _, maps in classes for tm in maps.values()):
+        title += f"\ncoarse: over {max_tiles:,} tiles (TILETUNE_MAX_FIGURE_TILES), each cell classified as one"
     fig.suptitle(title, fontsize=11)
-    classes = head_class_maps(record, config)
     axes = fig.subplots(len(classes), 2, squeeze=False)
     for r, (describe, heads, maps) in enumerate(classes):
         for c, layout in enumerate(("frame_major", "temporal_major")):
@@ -384,18 +425,24 @@ def blockmap_figure(record: TuningRecord) -> RenderedFigure:
                 extent=(0, tm.num_kv_blocks, tm.num_q_blocks, 0),
                 aspect="auto",
             )
-            total = tm.num_q_blocks * tm.num_kv_blocks
-            share = ", ".join(f"{k} {tm.counts[k] / total:.0%}" for k in ("full", "partial", "empty"))
+            cells = sum(tm.counts.values())
+            shown = {"full": "full", "partial": "mixed" if tm.coarse else "partial", "empty": "empty"}
+            share = ", ".join(f"{shown[k]} {tm.counts[k] / cells:.0%}" for k in shown)
+            share += " of cells" if tm.coarse else ""
             ax.set_title(f"{describe} (heads {_ranges(heads)})\n{label}\n{share}", fontsize=8)
-            ax.set_xlabel(
-                f"kv block (of {tm.num_kv_blocks})"
-                + (f"; each cell = {tm.cell}x{tm.cell} tiles, colours mixed" if tm.cell > 1 else ""),
-                fontsize=8,
-            )
+            if tm.coarse:
+                cell_note = f"; cells of {tm.cell}x{tm.cell} tiles as one"
+            elif tm.cell > 1:
+                cell_note = f"; each cell = {tm.cell}x{tm.cell} tiles, colours mixed"
+            else:
+                cell_note = ""
+            ax.set_xlabel(f"kv block (of {tm.num_kv_blocks}){cell_note}", fontsize=8)
             ax.set_ylabel(f"q block (of {tm.num_q_blocks})", fontsize=8)
             ax.tick_params(labelsize=7)
+    coarse = any(tm is not None and tm.coarse for _, _, maps in classes for tm in maps.values())
+    labels = {"full": "full", "partial": "partial (coarse cells: mixed)" if coarse else "partial", "empty": "empty"}
     fig.legend(
-        handles=[Patch(facecolor=KIND_COLOURS[k], edgecolor="#999999", label=k) for k in ("full", "partial", "empty")],
+        handles=[Patch(facecolor=KIND_COLOURS[k], edgecolor="#999999", label=labels[k]) for k in labels],
         loc="outside lower center",
         ncols=3,
         fontsize=8,
@@ -419,7 +466,6 @@ def _ranges(heads: list[int]) -> str:
 
 # ---------------------------------------------------------------- speedup
 
-SPEEDUP_SIZE = (900, 380)
 SPEEDUP_OTHERS = 6
 
 
@@ -492,18 +538,15 @@ FIGURES: dict[str, Callable[[TuningRecord], RenderedFigure]] = {
     "blockmap": blockmap_figure,
     "speedup": speedup_figure,
 }
-FIGURE_CAPTIONS = {
-    "history": "Search history: median time of every trial and the best so far; failures marked along the top.",
-    "heatmap": "Best time per block_q x block_kv cell, per variant and layout (the other parameters at their best).",
-    "blockmap": "Tiles of each head class at the winning tile sizes: empty, partial (masked) and full, "
-    "with and without the temporal-major permutation.",
-    "speedup": "The winner's speedup over dense attention (re-timed; whiskers p10-p90), beside the fastest trials.",
-}
+assert tuple(FIGURES) == NAMES
 
 
-def render(record: TuningRecord, name: str) -> RenderedFigure:
-    """One figure by name (``FIGURES``); one figure at a time per process."""
+def render(record: TuningRecord, name: str, *, max_tiles: int = DEFAULT_MAX_TILES) -> RenderedFigure:
+    """One figure by name (``FIGURES``; ``max_tiles`` bounds the block map's work); one figure at a
+    time per process."""
     if name not in FIGURES:
         raise ValueError(f"figure: unknown figure {name!r}; one of {', '.join(FIGURES)}")
     with _RENDER_LOCK:
+        if name == "blockmap":
+            return blockmap_figure(record, max_tiles)
         return FIGURES[name](record)

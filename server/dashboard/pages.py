@@ -17,7 +17,7 @@ import jinja2
 from kernel.config import TileConfig
 from kernel.presets import PRESETS
 from kernel.workload import Workload
-from server.dashboard.figures import FIGURE_CAPTIONS, FIGURES
+from server.dashboard.catalog import CAPTIONS, NAMES
 from server.store.records import TrialPoint, TuningRecord
 
 ENV = jinja2.Environment(
@@ -121,7 +121,7 @@ def trial_rows(trials: list[TrialPoint]) -> list[dict[str, Any]]:
 def figure_entries(src: dict[str, str], sizes: dict[str, tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The figures in page order with their sources (and pixel sizes when known)."""
     out = []
-    for name in FIGURES:
+    for name in NAMES:
         width, height = (sizes or {}).get(name, (None, None))
-        out.append({"name": name, "src": src[name], "caption": FIGURE_CAPTIONS[name], "width": width, "height": height})
+        out.append({"name": name, "src": src[name], "caption": CAPTIONS[name], "width": width, "height": height})
     return out

@@ -10,8 +10,11 @@ Routes (kept out of the OpenAPI document, which describes the JSON API):
    ``preset``, and the newest jobs with their progress;
  - ``GET /ui/workloads/{key}``: one workload (``?status=`` filters its trials);
  - ``GET /ui/workloads/{key}/figures/{name}.png``: one figure (``history``, ``heatmap``,
-   ``blockmap``, ``speedup``);
- - ``POST /ui/login`` (form field ``token``), ``GET /ui/logout``.
+   ``blockmap``, ``speedup``), drawn in a child process (:mod:`server.dashboard.renderer`)
+   while the event loop and the thread pool serve other requests; a figure that
+   cannot be drawn now gets a 503 with ``Retry-After`` (422 over the memory budget);
+ - ``POST /ui/login`` (form fields ``token`` and ``next``), ``POST /ui/logout``, and
+   ``GET /ui/logout``, a page with the sign-out button (a GET changes nothing).
 
 Read auth: with ``TILETUNE_REQUIRE_READ_TOKEN`` set, every ``/ui`` route needs
 a token of any role, as the JSON reads do. A browser user signs in once, either
@@ -20,6 +23,15 @@ with the form that the 401 page shows or by opening any ``/ui`` URL with
 scoped to ``/ui`` (and redirect to the URL without the token, which then only
 stays in that first request's access log line). Scripts may send
 ``Authorization: Bearer TOKEN`` instead. Without the setting the pages are open.
+
+Forms change state (the cookie), so they are accepted from this server's own pages
+only: a ``POST`` whose ``Origin`` (or, without one, ``Referer``) does not name the
+host it was sent to gets a 403 (no login or logout CSRF). A ``?token=`` link sets the
+cookie only when the browser says it was opened directly or from this site
+(``Sec-Fetch-Site: none`` or ``same-origin``; a client that sends no such header, a
+script or a browser from before 2023, counts as direct). ``next`` redirects stay
+inside ``/ui`` after percent-decoding and resolving ``.`` and ``..``. Setting and
+deleting the cookie use the same attributes.
 
 Bad input (a malformed or unknown workload key, an unknown figure, preset or
 status, an over-long device kind) gets a 4xx whose ``message`` names the field:
@@ -30,45 +42,68 @@ the client asks for HTML.
 from __future__ import annotations
 
 import collections
+import contextlib
+import posixpath
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from kernel.presets import PRESETS
 from kernel.workload import KEY_RE
+from server.dashboard import catalog
+from server.dashboard.renderer import FigureRenderer, FigureUnavailable
 from server.settings import Settings
 from server.store import models, queue, records, tokens, workloads
 from server.store.records import TuningRecord
 
 COOKIE = "tiletune_token"
+COOKIE_PATH = "/ui"
+HOME = "/ui"
 MAX_DEVICE_KIND = 64
 CONFIG_ROWS = 200
 JOB_ROWS = 50
 TRIAL_ROWS = 200
-FIGURE_CACHE_ENTRIES = 128
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Stop the app's drawing processes when the server stops."""
+    try:
+        yield
+    finally:
+        renderer = getattr(app.state, "ui_renderer", None)
+        if renderer is not None:
+            renderer.close()
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False, lifespan=_lifespan)
 
 
 class UIError(Exception):
-    def __init__(self, status: int, message: str, login: bool = False) -> None:
+    def __init__(self, status: int, message: str, login: bool = False, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.login = login
+        self.headers = headers or {}
 
 
 class FigureCache:
-    """PNG bytes by (workload key, figure, latest trial id, tuned config id); least recently used out."""
+    """PNG bytes by (workload key, figure, latest trial id, tuned config id); least recently used out
+    once the kept PNGs pass ``max_bytes`` (bounded by bytes: a block map of 16 head classes weighs
+    ten small figures)."""
 
-    def __init__(self, entries: int = FIGURE_CACHE_ENTRIES) -> None:
-        self.entries = entries
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         self._items: collections.OrderedDict[tuple[Any, ...], bytes] = collections.OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: tuple[Any, ...]) -> bytes | None:
@@ -79,19 +114,44 @@ class FigureCache:
             return png
 
     def put(self, key: tuple[Any, ...], png: bytes) -> None:
+        if len(png) > self.max_bytes:
+            return
         with self._lock:
+            old = self._items.pop(key, None)
+            self._bytes += len(png) - (len(old) if old is not None else 0)
             self._items[key] = png
-            self._items.move_to_end(key)
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
+            while self._bytes > self.max_bytes:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the PNGs kept now (at most ``max_bytes``)."""
+        return self._bytes
 
 
 def _figure_cache(request: Request) -> FigureCache:
     state = request.app.state
     cache = getattr(state, "ui_figures", None)
     if cache is None:
-        cache = state.ui_figures = FigureCache()
+        settings: Settings = state.settings
+        cache = state.ui_figures = FigureCache(settings.figure_cache_mb << 20)
     return cache
+
+
+def _renderer(request: Request) -> FigureRenderer:
+    state = request.app.state
+    renderer = getattr(state, "ui_renderer", None)
+    if renderer is None:
+        settings: Settings = state.settings
+        renderer = state.ui_renderer = FigureRenderer(
+            workers=settings.figure_workers,
+            queue=settings.figure_queue,
+            timeout_s=settings.figure_timeout_s,
+            memory_mb=settings.figure_memory_mb,
+            max_tiles=settings.max_figure_tiles,
+        )
+    return renderer
 
 
 def _wants_html(request: Request) -> bool:
@@ -100,7 +160,7 @@ def _wants_html(request: Request) -> bool:
 
 def _error_response(request: Request, exc: UIError, next_url: str | None = None) -> Response:
     """``next_url``: where the sign-in form returns to (default: the page that was asked for)."""
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    headers = {**exc.headers, **({"WWW-Authenticate": "Bearer"} if exc.status == 401 else {})}
     if _wants_html(request):
         from server.dashboard import pages  # jinja loads with the first page, not at start-up
 
@@ -119,8 +179,8 @@ def _error_response(request: Request, exc: UIError, next_url: str | None = None)
         response: Response = HTMLResponse(html, exc.status, headers=headers)
     else:
         response = JSONResponse({"detail": exc.message, "message": exc.message}, exc.status, headers=headers)
-    if exc.login and request.cookies.get(COOKIE):
-        response.delete_cookie(COOKIE, path="/ui")
+    if exc.status == 401 and request.cookies.get(COOKIE):
+        _delete_token_cookie(request, response)  # the cookie's token was refused
     return response
 
 
@@ -135,10 +195,53 @@ def _bearer(request: Request) -> str | None:
         raise UIError(401, str(exc)) from None
 
 
+def _cookie_attributes(request: Request) -> dict[str, Any]:
+    """The one set of attributes the token cookie is set and deleted with."""
+    return {"path": COOKIE_PATH, "httponly": True, "samesite": "strict", "secure": request.url.scheme == "https"}
+
+
 def _set_token_cookie(request: Request, response: Response, token: str) -> None:
-    response.set_cookie(
-        COOKIE, token, path="/ui", httponly=True, samesite="strict", secure=request.url.scheme == "https"
-    )
+    response.set_cookie(COOKIE, token, **_cookie_attributes(request))
+
+
+def _delete_token_cookie(request: Request, response: Response) -> None:
+    response.delete_cookie(COOKIE, **_cookie_attributes(request))
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a form post comes from this server's own pages: its ``Origin`` (or, when a browser
+    sends none, its ``Referer``) names the host the request was sent to. A cross-site page cannot
+    forge either; a post with neither (or ``Origin: null``) is refused too."""
+    host = request.headers.get("host")
+    source = request.headers.get("origin") or request.headers.get("referer")
+    if not host or not source or source == "null":
+        return False
+    parts = urlsplit(source)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+def _check_same_origin(request: Request, action: str) -> None:
+    if not _same_origin(request):
+        raise UIError(
+            403,
+            f"origin: {action} is accepted only from this server's own pages "
+            f"(the Origin or Referer header must name {request.headers.get('host', 'this host')!r})",
+        )
+
+
+def _inside_ui(target: str) -> str:
+    """``target`` as a path inside ``/ui`` (its query kept), or ``/ui`` when it would lead anywhere
+    else: another site (``//host``, ``https:``), or out of ``/ui`` once percent-escapes are decoded
+    and ``.`` / ``..`` resolved as a browser does (``/ui/../..``, ``/ui/%2e%2e``)."""
+    if any(c == "\\" or ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return HOME  # browsers read a backslash as '/' and drop tabs and newlines
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+        return HOME
+    path = posixpath.normpath(unquote(parts.path))
+    if path != HOME and not path.startswith(HOME + "/"):
+        return HOME
+    return quote(path) + (f"?{parts.query}" if parts.query else "")
 
 
 def _gate(request: Request, session: Session) -> Response | None:
@@ -146,6 +249,13 @@ def _gate(request: Request, session: Session) -> Response | None:
     settings: Settings = request.app.state.settings
     offered = request.query_params.get("token")
     if offered is not None:
+        if request.headers.get("sec-fetch-site", "none") not in ("none", "same-origin"):
+            # A link on another site would sign the browser in with that site's token.
+            raise UIError(
+                403,
+                "token: a ?token= sign-in link works when opened directly, not from another site's page",
+                login=True,
+            )
         if tokens.verify_token(session, offered) is None:
             raise UIError(401, "token: unknown or revoked token", login=True)
         query = _without_token(request)
@@ -186,15 +296,15 @@ def _text_filter(request: Request, name: str, limit: int) -> str | None:
     return value
 
 
-def _page(request: Request, render: Any) -> Response:
+def _page(request: Request, render: Any) -> Any:
+    """``render(session)`` behind the read gate; a UIError becomes its error response."""
     db = request.app.state.db
     try:
         with db.read_sessions() as session:
             gate = _gate(request, session)
             if gate is not None:
                 return gate
-            result: Response = render(session)
-            return result
+            return render(session)
     except UIError as exc:
         return _error_response(request, exc)
 
@@ -234,7 +344,7 @@ def dashboard(request: Request) -> Response:
 @router.get("/workloads/{key}", response_class=HTMLResponse)
 def workload_page(request: Request, key: str) -> Response:
     def render(session: Session) -> Response:
-        from server.dashboard import figures, pages  # matplotlib loads with the first figure
+        from server.dashboard import pages
 
         status = _text_filter(request, "status", 16)
         if status is not None and status not in models.TRIAL_STATUSES:
@@ -243,20 +353,14 @@ def workload_page(request: Request, key: str) -> Response:
         record = TuningRecord.load(session, row)
         root = request.scope.get("root_path", "")
         version = "-".join(str(v) for v in record.version)
-        src = {name: f"{root}/ui/workloads/{key}/figures/{name}.png?v={version}" for name in figures.FIGURES}
-        sizes = {
-            "history": figures.HISTORY_SIZE,
-            "heatmap": figures.heatmap_size(record),
-            "blockmap": figures.blockmap_size(record),
-            "speedup": figures.SPEEDUP_SIZE,
-        }
+        src = {name: f"{root}/ui/workloads/{key}/figures/{name}.png?v={version}" for name in catalog.NAMES}
         shown = [t for t in reversed(record.trials) if status is None or t.status == status]
         html = pages.render(
             "workload.html",
             root=root,
             signed_in=_signed_in(request),
             w=pages.workload_summary(record),
-            figures=pages.figure_entries(src, sizes),
+            figures=pages.figure_entries(src, catalog.sizes(record)),
             trials=pages.trial_rows(shown[:TRIAL_ROWS]),
             trials_total=len(shown),
             trials_truncated=len(shown) > TRIAL_ROWS,
@@ -270,15 +374,15 @@ def workload_page(request: Request, key: str) -> Response:
 
 
 @router.get("/workloads/{key}/figures/{filename}", response_class=Response)
-def workload_figure(request: Request, key: str, filename: str) -> Response:
-    def render(session: Session) -> Response:
-        from server.dashboard import figures
+async def workload_figure(request: Request, key: str, filename: str) -> Response:
+    """A figure from the cache, or drawn by a child process: the database work runs in the thread
+    pool, the drawing in :mod:`server.dashboard.renderer`, and the event loop only waits."""
+    name = filename.removesuffix(".png")
 
-        name = filename.removesuffix(".png")
-        if name == filename or name not in figures.FIGURES:
-            raise UIError(
-                404, f"figure: unknown figure {filename!r}; one of {', '.join(n + '.png' for n in figures.FIGURES)}"
-            )
+    def prepare(session: Session) -> Response | tuple[tuple[Any, ...], dict[str, str], TuningRecord]:
+        if name == filename or name not in catalog.NAMES:
+            known = ", ".join(n + ".png" for n in catalog.NAMES)
+            raise UIError(404, f"figure: unknown figure {filename!r}; one of {known}")
         row = _workload(session, key)
         latest = session.scalar(select(func.max(models.Trial.id)).where(models.Trial.workload_id == row.id))
         tuned = records.current_config(session, row.id)
@@ -288,29 +392,36 @@ def workload_figure(request: Request, key: str, filename: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
-        cache = _figure_cache(request)
-        png = cache.get(version)
-        if png is None:
-            png = figures.render(TuningRecord.load(session, row), name).png
-            cache.put(version, png)
-        return Response(png, media_type="image/png", headers=headers)
+        png = _figure_cache(request).get(version)
+        if png is not None:
+            return Response(png, media_type="image/png", headers=headers)
+        return version, headers, TuningRecord.load(session, row)
 
-    return _page(request, render)
+    prepared = await run_in_threadpool(_page, request, prepare)
+    if isinstance(prepared, Response):
+        return prepared
+    version, headers, record = prepared
+    try:
+        png = await _renderer(request).render(record, name)
+    except FigureUnavailable as exc:
+        return _error_response(request, UIError(exc.status, exc.message, headers=exc.headers))
+    _figure_cache(request).put(version, png)
+    return Response(png, media_type="image/png", headers=headers)
 
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """Form sign-in: ``token`` and the ``next`` /ui URL (the body is small: the app bounds its size)."""
-    next_url = "/ui"
+    """Form sign-in from this server's own page: ``token`` and the ``next`` /ui URL (the body is
+    small: the app bounds its size)."""
+    next_url = HOME
     try:
         try:
             form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=10)
         except ValueError:
             raise UIError(422, "body: expected a form with the fields 'token' and 'next'", login=True) from None
+        next_url = _inside_ui((form.get("next") or [HOME])[0])
+        _check_same_origin(request, "signing in")
         token = (form.get("token") or [""])[0].strip()
-        next_url = (form.get("next") or ["/ui"])[0]
-        if not next_url.startswith("/ui") or "//" in next_url or "\\" in next_url:
-            next_url = "/ui"  # only back into the dashboard: no open redirect
         if not token:
             raise UIError(422, "token: required", login=True)
         with request.app.state.db.read_sessions() as session:
@@ -323,10 +434,24 @@ async def login(request: Request) -> Response:
     return response
 
 
-@router.get("/logout")
-def logout() -> Response:
-    response = RedirectResponse("/ui", 303)
-    response.delete_cookie(COOKIE, path="/ui")
+@router.get("/logout", response_class=HTMLResponse)
+def logout_page(request: Request) -> Response:
+    """The sign-out button (a GET changes nothing: a link on another site cannot sign anyone out)."""
+    from server.dashboard import pages
+
+    html = pages.render("logout.html", root=request.scope.get("root_path", ""), signed_in=_signed_in(request))
+    return HTMLResponse(html)
+
+
+@router.post("/logout")
+def logout(request: Request) -> Response:
+    """Sign out (drop the cookie), from this server's own page only."""
+    try:
+        _check_same_origin(request, "signing out")
+    except UIError as exc:
+        return _error_response(request, exc)
+    response = RedirectResponse(HOME, 303)
+    _delete_token_cookie(request, response)
     return response
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from server.dashboard.figures import SPEEDUP_SIZE
+from server.dashboard.catalog import SPEEDUP_SIZE
 from tests.e2e.conftest import RESULTS, Served
 
 pytestmark = pytest.mark.slow
@@ -74,3 +74,9 @@ def test_dashboard_in_a_browser(browser: Any, served_ui: Served, tmp_path: Path)
     statuses = {t.find_elements(By.TAG_NAME, "td")[1].text for t in trials}
     assert {"ok", "failed", "crashed", "timeout", "wrong", "pruned", "invalid"} <= statuses
     _screenshot(browser, tmp_path / "ui-workload.png")
+
+    # Signing out is the nav's button (a same-origin form post); the pages then ask for a token again.
+    browser.find_element(By.CSS_SELECTOR, "nav form.signout button").click()
+    _wait(browser, lambda d: d.find_elements(By.ID, "message"))
+    assert "token" in browser.find_element(By.ID, "message").text
+    assert key not in browser.page_source

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.attention import head_groups, prepare_group
-from kernel.block_tables import FULL, PARTIAL, _head_table, build_block_tables
+from kernel.block_tables import FULL, PARTIAL, HeadTable, _head_table, build_block_tables
 from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
@@ -134,3 +135,45 @@ def test_heads_with_equal_patterns_share_one_table() -> None:
         _, _, tables, _ = prepare_group(pattern, heads, config)
         assert tables.heads[0] is tables.heads[1]
         assert tables.heads[0] is not tables.heads[4]
+
+
+def _table_bytes(table: HeadTable) -> int:
+    return sum(a.nbytes for a in (table.row_ptr, table.kv_index, table.is_full))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    q_blocks=st.lists(st.integers(64, 640), min_size=3, max_size=8, unique=True),
+    budget_kib=st.sampled_from([512, 1024, 3072]),
+)
+def test_head_table_cache_is_bounded_by_bytes(q_blocks: list[int], budget_kib: int) -> None:
+    """Tables built and dropped by the caller stay in memory only up to the cache's byte budget
+    (a count of entries bounds nothing: one table of a long sequence weighs a thousand small ones)."""
+    block = 8
+    dense = HeadPattern.dense()
+    budget = budget_kib << 10
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_head_table, "max_bytes", budget, raising=False)
+        warm = TokenPlacement.build(VideoLayout(1, 4 * block), "frame_major")
+        build_block_tables([dense], [warm], block, block, 4 * block, 4 * block)  # one-time allocations
+        _head_table.cache_clear()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            kept = None
+            for n in q_blocks:  # dense heads: every one of the n x n tiles is stored (about 5 n^2 bytes)
+                placement = TokenPlacement.build(VideoLayout(1, n * block), "frame_major")
+                tables = build_block_tables([dense], [placement], block, block, n * block, n * block)
+                kept = (tables.heads[0], placement, n)
+            last, placement, n = kept
+            retained_last = _table_bytes(last)
+            del tables, last, kept
+            gc.collect()
+            retained, _ = tracemalloc.get_traced_memory()
+            again = build_block_tables([dense], [placement], block, block, n * block, n * block).heads[0]
+        finally:
+            tracemalloc.stop()
+            _head_table.cache_clear()
+    assert retained <= budget + (64 << 10), f"{retained} bytes kept > the {budget}-byte budget"
+    if retained_last <= budget:  # the newest table that fits is still a cache hit
+        assert _table_bytes(again) == retained_last

@@ -38,13 +38,14 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 
 from kernel.presets import PRESETS
-from kernel.workload import BACKENDS, DTYPES, MAX_BATCH, MAX_HEAD_DIM
+from kernel.workload import BACKENDS, DTYPES, MAX_HEAD_DIM
 from server.app import create_app
 from server.settings import Settings
 from server.store.db import Database
 from tests.server.conftest import row_counts
 
 SEED = 20240611
+LIMITS = Settings(database_url="sqlite://")  # the default limits the valid workloads stay within
 # Per operation (fuzzing phase; the examples and coverage phases add a fixed,
 # deterministic set on top). Both databases together run in well under 60 s on 2 cores.
 MAX_EXAMPLES = 30
@@ -148,12 +149,13 @@ def head_specs(draw: st.DrawFn, frames: int, tokens_per_frame: int) -> dict[str,
 
 @st.composite
 def valid_workloads(draw: st.DrawFn) -> dict[str, Any]:
-    """A workload the API must accept: a preset (optionally with a head count) or a pattern that fits."""
+    """A workload the API must accept: a preset (optionally with a head count) or a pattern that fits,
+    within the default limits (TILETUNE_MAX_*)."""
     body: dict[str, Any] = {
         "device_kind": draw(st.sampled_from(["cpu", "TPU v5 lite", "TPU v6 lite"])),
         "backend": draw(st.sampled_from(BACKENDS)),
         "dtype": draw(st.sampled_from(DTYPES)),
-        "batch": draw(st.integers(1, MAX_BATCH)),
+        "batch": draw(st.integers(1, LIMITS.max_batch)),
     }
     if draw(st.booleans()):
         body["preset"] = draw(st.sampled_from(sorted(PRESETS)))
@@ -161,8 +163,8 @@ def valid_workloads(draw: st.DrawFn) -> dict[str, Any]:
             body["heads"] = draw(st.integers(1, 64))
         return body
     frames = draw(st.integers(1, 64))
-    tokens_per_frame = draw(st.integers(1, 4096))
     text_tokens = draw(st.integers(0, 512))
+    tokens_per_frame = draw(st.integers(1, min(4096, (LIMITS.max_tokens - text_tokens) // frames)))
     layout = {
         "frames": frames,
         "tokens_per_frame": tokens_per_frame,

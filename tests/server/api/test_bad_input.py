@@ -149,7 +149,8 @@ ROWS: list[Bad] = [
     lookup("lookup-head_dim-1e9", "head_dim", head_dim=10**9),
     lookup("lookup-batch-1e6", "batch", batch=10**6),
     lookup("lookup-heads-2000-preset", "heads", pattern=None, preset="cpu-demo", heads=2000),
-    lookup("lookup-2000-head-entries", "heads", pattern=_pattern([{"kind": "dense"}] * 2000)),
+    # More JSON values than any body of TILETUNE_MAX_HEADS heads holds: refused before parsing.
+    lookup("lookup-2000-head-entries", "TILETUNE_MAX_HEADS", status=413, pattern=_pattern([{"kind": "dense"}] * 2000)),
     lookup("lookup-frames-1e30", "frames", pattern=_pattern(frames=10**30)),
     # ------------------------------------------------------------ enums and cross-field rules
     lookup("lookup-text_position-unknown", "text_position", pattern=_pattern(text_tokens=8, text_position="middle")),
@@ -284,7 +285,7 @@ ROWS: list[Bad] = [
         "lookup-body-too-deep",
         "POST",
         "/v1/lookup",
-        400,
+        413,
         "body",
         content=b'{"a":' * 5000 + b"1" + b"}" * 5000,
         headers=JSON,

@@ -7,24 +7,47 @@ structure, that requests succeeded, and internal consistency (p99 >= p50).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import HTTPException
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from server.api.limits import STRUCTURAL, check_workload, max_json_structure
+from server.api.schemas import WorkloadSpec
 from server.bench import BenchError
-from server.bench.harness import http_server, uvicorn_command
+from server.bench.abuse import crowded_body, invalid_body, largest_workload
+from server.bench.harness import http_server, process_tree_rss_bytes, uvicorn_command
 from server.bench.load import lookup_requests, percentile
 from server.bench.seeding import BENCH_VERSIONS, plan_workloads, prepare_database, seed_database
-from server.bench.service import BARE_BODY, BARE_PATH, ServiceBenchOptions, bare_app, run_service_bench
+from server.bench.service import (
+    BARE_BODY,
+    BARE_PATH,
+    BARE_TARGET,
+    ServiceBenchOptions,
+    bare_app,
+    run_service_bench,
+)
 from server.cli import app as cli_app
+from server.settings import Settings
 from server.store import models, workloads
 from server.store.db import Database
 
-PHASES = ("bare", "lookup_empty", "lookup", "history")
+PHASES = ("bare", "lookup_empty", "lookup", "history", "lookup_quiet", "lookup_abused")
+# What the abuse client's requests must get: refused bodies, the largest workload accepted, its figures
+# drawn (or, when the drawing processes are busy or out of time, a 503 to retry).
+ABUSE_ANSWERS = {
+    "crowded_body": {"413"},
+    "invalid_body": {"422"},
+    "largest_job": {"200", "201"},
+    "largest_lookup": {"200"},
+    "page": {"200"},
+    "figure": {"200", "503"},
+}
 
 
 def _check_seeded(url: str, n_workloads: int, trials: int) -> None:
@@ -124,6 +147,53 @@ def test_a_server_that_does_not_start_is_reported_with_its_stderr() -> None:
     assert "no_such_factory" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [Settings(database_url="sqlite://"), Settings(database_url="sqlite://", max_heads=8, max_body_bytes=4096)],
+)
+def test_the_abuse_requests_are_the_worst_the_limits_allow(settings: Settings) -> None:
+    """The largest workload sits at every limit (one more token or head is refused); the crowded body
+    fills the size limit past the JSON scan; the invalid one fills it within the scan (so it is
+    validated)."""
+    limit = max_json_structure(settings)
+    crowded, invalid = crowded_body(settings), invalid_body(settings, limit)
+    assert settings.max_body_bytes - 64 <= len(crowded) <= settings.max_body_bytes
+    assert sum(crowded.count(c) for c in STRUCTURAL) > limit
+    assert settings.max_body_bytes * 0.9 <= len(invalid) <= settings.max_body_bytes
+    assert json.loads(invalid)["workload"]
+    structure = sum(invalid.count(c) for c in STRUCTURAL)
+    assert structure <= limit and (structure >= limit - 2 or len(json.loads(invalid)) > settings.max_body_bytes // 20)
+    seen = set()
+    for round_ in range(3):
+        body = largest_workload(settings, round_)
+        spec = WorkloadSpec.model_validate(body)
+        wl = spec.to_workload()
+        check_workload(wl, settings, preset=False)  # within every limit
+        assert (wl.pattern.seq_len, wl.heads, len(wl.pattern.classes()), wl.batch) == (
+            settings.max_tokens,
+            settings.max_heads,
+            min(settings.max_head_classes, settings.max_heads),
+            settings.max_batch,
+        )
+        seen.add(wl.key)
+        reached = ["max_tokens", "max_heads", "max_batch"]
+        reached += ["max_head_classes"] if settings.max_head_classes <= settings.max_heads else []
+        for over in reached:
+            tighter = settings.model_copy(update={over: getattr(settings, over) - 1})
+            with pytest.raises(HTTPException, match=over.upper()):
+                check_workload(wl, tighter, preset=False)
+    assert len(seen) == 3  # a new workload, and so new figures, every round
+
+
+def test_the_server_tree_memory_counts_the_children() -> None:
+    with http_server("bare", lambda port: uvicorn_command(BARE_TARGET, port), lambda c: True, timeout_s=60) as srv:
+        _ = srv.base_url
+        tree = process_tree_rss_bytes(srv.pid)
+        own = process_tree_rss_bytes(os.getpid())
+    assert tree is not None and own is not None and tree > 0 and own >= tree  # the server is our child
+    assert process_tree_rss_bytes(2**22 + 12345) is None
+
+
 @pytest.mark.slow
 def test_run_service_bench_tiny(tmp_path: Path) -> None:
     opts = ServiceBenchOptions(workloads=50, trials=500, clients=2, duration_s=1.0, warmup_s=0.2, rounds=2)
@@ -136,6 +206,16 @@ def test_run_service_bench_tiny(tmp_path: Path) -> None:
         assert phase["p99_ms"] >= phase["p50_ms"] > 0, name
         assert phase["max_ms"] >= phase["p99_ms"], name
         assert phase["windows"] == (1 if name == "lookup_empty" else 2), name
+        assert phase["server_peak_rss_mb"] > 0, name
+    abuse = report["abuse"]
+    assert abuse["rounds"] >= 1 and abuse["requests"]
+    for kind, answers in abuse["requests"].items():
+        assert set(answers["statuses"]) <= ABUSE_ANSWERS[kind], (kind, answers["statuses"])
+    ratios = report["ratios"]
+    assert ratios["lookup_p99_abused_over_quiet"] == round(
+        report["phases"]["lookup_abused"]["p99_ms"] / report["phases"]["lookup_quiet"]["p99_ms"], 3
+    )
+    assert ratios["server_peak_rss_mb"] == max(p["server_peak_rss_mb"] for p in report["phases"].values())
     assert set(report["phases"]["lookup_empty"]["by_label"]) == {"heuristic"}
     assert "tuned" in report["phases"]["lookup"]["by_label"]
     seed = report["seed"]
@@ -150,11 +230,11 @@ def test_run_service_bench_tiny(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cli_json_and_option_errors() -> None:
     runner = CliRunner()
-    args = ["bench", "service", "--workloads", "20", "--trials", "100", "--clients", "1", "--rounds", "1"]
+    args = ["bench", "service", "--workloads", "20", "--trials", "100", "--clients", "1", "--rounds", "1", "--no-abuse"]
     result = runner.invoke(cli_app, [*args, "--duration", "0.3", "--warmup", "0", "--no-compare-empty", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert tuple(report["phases"]) == ("bare", "lookup", "history")
+    assert tuple(report["phases"]) == ("bare", "lookup", "history") and report["abuse"] is None
     assert report["ratios"]["lookup_p99_seeded_over_empty"] is None
     result = runner.invoke(cli_app, [*args, "--miss-fraction", "2"])
     assert result.exit_code == 2

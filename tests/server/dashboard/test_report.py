@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from server.cli import app as cli
-from server.dashboard import figures
+from server.dashboard import catalog, figures
 from server.store import workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
@@ -37,20 +37,20 @@ def expected_sizes(url: str, key: str) -> dict[str, tuple[int, int]]:
         record = figures.TuningRecord.load(session, row)
     db.dispose()
     variants, layouts = 2, 2  # the seeded trials' facets
-    assert figures.heatmap_size(record) == (
-        figures.HEATMAP_PANEL[0] * layouts + figures.HEATMAP_EXTRA[0],
-        figures.HEATMAP_PANEL[1] * variants + figures.HEATMAP_EXTRA[1],
+    assert catalog.heatmap_size(record) == (
+        catalog.HEATMAP_PANEL[0] * layouts + catalog.HEATMAP_EXTRA[0],
+        catalog.HEATMAP_PANEL[1] * variants + catalog.HEATMAP_EXTRA[1],
     )
     classes = 2  # cpu-demo: spatial and temporal heads
-    assert figures.blockmap_size(record) == (
-        figures.BLOCKMAP_PANEL[0] * 2 + figures.BLOCKMAP_EXTRA[0],
-        figures.BLOCKMAP_PANEL[1] * classes + figures.BLOCKMAP_EXTRA[1],
+    assert catalog.blockmap_size(record) == (
+        catalog.BLOCKMAP_PANEL[0] * 2 + catalog.BLOCKMAP_EXTRA[0],
+        catalog.BLOCKMAP_PANEL[1] * classes + catalog.BLOCKMAP_EXTRA[1],
     )
     return {
-        "history": figures.HISTORY_SIZE,
-        "heatmap": figures.heatmap_size(record),
-        "blockmap": figures.blockmap_size(record),
-        "speedup": figures.SPEEDUP_SIZE,
+        "history": catalog.HISTORY_SIZE,
+        "heatmap": catalog.heatmap_size(record),
+        "blockmap": catalog.blockmap_size(record),
+        "speedup": catalog.SPEEDUP_SIZE,
     }
 
 
