@@ -2,7 +2,8 @@
 
 - A SQLite upgrade killed between any two of its statements leaves a database the
   next upgrade completes: the on-disk state at each statement boundary (the database
-  file and its WAL, copied as a SIGKILL would leave them) is upgraded again.
+  file and its WAL, copied as a SIGKILL would leave them; identical states once) is
+  upgraded again.
   (PostgreSQL has transactional DDL; the real SIGKILL runs of ``tiletune bench crash``
   cover both databases.)
 - Processes starting together on a fresh database (each runs the migrations and
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import shutil
 from pathlib import Path
@@ -21,29 +23,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, event, inspect, text
 
-from server.bench.crash import scratch_database
+from server.bench.crash import POPULATED_0001, POPULATED_ROWS, scratch_database
 from server.store.db import make_engine
 from server.store.migrate import current_revision, head_revision, include_object, upgrade
 from server.store.models import Base
 
 STARTERS = 3
-
-POPULATE = [  # rows under revision 0001, linked by foreign keys
-    "INSERT INTO tt_workload (id, key, device_kind, backend, dtype, family, pattern_hash, kernel_version, batch,"
-    " heads, head_dim, seq_len, spec, created_at) VALUES (1, 'k', 'cpu', 'xla', 'float32', 'f', 'h', '1', 1, 1, 64,"
-    """ 256, '{"pattern": {"layout": {"frames": 4, "tokens_per_frame": 64}, "heads": [{"kind": "dense"}]}}',"""
-    " '2026-01-01 00:00:00')",
-    "INSERT INTO tt_job (id, workload_id, status, budget, priority, attempts, max_attempts, lease_owner,"
-    " lease_expires_at, created_at, updated_at) VALUES (1, 1, 'running', 8, 0, 1, 3, 'w1', '2026-01-02 00:00:00',"
-    " '2026-01-01 00:00:00', '2026-01-01 00:00:00')",
-    "INSERT INTO tt_trial (id, workload_id, job_id, params, params_key, status, median_ms, versions, created_at)"
-    " VALUES (1, 1, 1, '{}', 'p', 'ok', 1.5, '{}', '2026-01-01 00:00:00')",
-    "INSERT INTO tt_tuned_config (id, workload_id, trial_id, config, median_ms, jax_version, jaxlib_version,"
-    " is_current, created_at) VALUES (1, 1, 1, '{}', 1.5, 'j', 'j', 1, '2026-01-01 00:00:00')",
-    "INSERT INTO tt_api_token (id, name, role, token_hash, created_at) VALUES (1, 't', 'writer', 'x',"
-    " '2026-01-01 00:00:00')",
-]
-KEPT = {"tt_workload": 1, "tt_job": 1, "tt_trial": 1, "tt_tuned_config": 1, "tt_api_token": 1}
 
 
 def schema_diff(url: str) -> list[Any]:
@@ -62,22 +47,32 @@ def row_counts(url: str) -> dict[str, int]:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in KEPT}
+            return {t: conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in POPULATED_ROWS}
     finally:
         engine.dispose()
 
 
-def upgrade_with_images(url: str, db_file: Path, out: Path) -> list[Path]:
-    """Upgrade ``url`` to head, copying its files after every statement; the copies, in order."""
+def upgrade_with_images(url: str, db_file: Path, out: Path) -> tuple[int, list[Path]]:
+    """Upgrade ``url`` to head, copying its files after every statement: (statements, the distinct
+    copies in order). Statements that left the files as they were give one copy: the same bytes
+    on disk recover the same way."""
+    statements = 0
+    seen: set[str] = set()
     images: list[Path] = []
 
     def copy(*_args: Any) -> None:
-        image = out / f"after-{len(images) + 1:03d}"
+        nonlocal statements
+        statements += 1
+        files = [Path(f"{db_file}{suffix}") for suffix in ("", "-wal", "-shm")]
+        state = hashlib.sha256(b"".join(f.read_bytes() for f in files[:2] if f.exists())).hexdigest()
+        if state in seen:
+            return
+        seen.add(state)
+        image = out / f"after-statement-{statements:03d}"
         image.mkdir()
-        for suffix in ("", "-wal", "-shm"):
-            src = Path(f"{db_file}{suffix}")
-            if src.exists():
-                shutil.copyfile(src, image / f"{db_file.name}{suffix}")
+        for f in files:
+            if f.exists():
+                shutil.copyfile(f, image / f.name)
         images.append(image)
 
     event.listen(Engine, "after_cursor_execute", copy)
@@ -85,7 +80,7 @@ def upgrade_with_images(url: str, db_file: Path, out: Path) -> list[Path]:
         upgrade(url)
     finally:
         event.remove(Engine, "after_cursor_execute", copy)
-    return images
+    return statements, images
 
 
 @pytest.mark.parametrize("start", ["fresh", "populated"])
@@ -96,11 +91,11 @@ def test_an_upgrade_killed_after_any_statement_is_completed_by_the_next(tmp_path
         upgrade(url, "0001")
         engine = make_engine(url)
         with engine.begin() as conn:
-            for statement in POPULATE:
+            for statement in POPULATED_0001:
                 conn.execute(text(statement))
         engine.dispose()
-    images = upgrade_with_images(url, db_file, tmp_path)
-    assert len(images) > 20  # every statement of the upgrade is a kill point
+    statements, images = upgrade_with_images(url, db_file, tmp_path)
+    assert statements > 20 and len(images) > 1  # every statement of the upgrade is a kill point
     failures = []
     for image in images:
         copy = f"sqlite:///{image / db_file.name}"
@@ -111,11 +106,11 @@ def test_an_upgrade_killed_after_any_statement_is_completed_by_the_next(tmp_path
             continue
         if current_revision(copy) != head_revision() or schema_diff(copy):
             failures.append(f"{image.name}: at {current_revision(copy)}, schema differs: {schema_diff(copy)[:3]}")
-        elif start == "populated" and row_counts(copy) != KEPT:
+        elif start == "populated" and row_counts(copy) != POPULATED_ROWS:
             failures.append(f"{image.name}: rows {row_counts(copy)}")
     assert not failures, (
-        f"{len(failures)} of {len(images)} kill points left a database the next upgrade fails on:\n"
-        + "\n".join(failures[:10])
+        f"{len(failures)} of {len(images)} distinct kill points ({statements} statements) left a database "
+        "the next upgrade fails on:\n" + "\n".join(failures[:10])
     )
 
 
