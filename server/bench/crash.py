@@ -7,10 +7,11 @@ PostgreSQL ``--database-url``, a scratch database created beside the given one
 - ``upgrade``: ``tiletune db upgrade`` on a fresh database, or on one populated
   under revision 0001 (alternately), killed at a random moment of its
   migrations: uniform over the time an uninterrupted upgrade of the same kind
-  spent from opening the database (SQLite: its schema lock file; PostgreSQL:
-  its first connection) to exiting.
+  spent on the database, from getting to it (SQLite: opening its schema lock
+  file; PostgreSQL: its first connection) until letting go of it.
 - ``starts``: three ``tiletune db upgrade`` started at once on a fresh
-  database, one of them killed at a random moment: the others succeed.
+  database, one of them killed at a random moment from the first getting to the
+  database to the last exiting (uninterrupted): the others succeed.
 - ``worker-trial``: a replay job of ``parallelism`` 2 or 1 (alternately); one
   worker killed at a random moment of a trial it measures; its co-worker, or a
   new worker, finishes the job. ``settle_s`` is the time from the kill to the
@@ -311,18 +312,31 @@ class _Run:
             child.stop(grace_s=30)
 
 
+def _until(predicate: Callable[[], bool], children: list[Child], timeout_s: float = 120.0) -> None:
+    """Poll ``predicate`` (every millisecond or so) until it holds or every child exited."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and any(c.alive() for c in children):
+        if time.monotonic() > deadline:
+            raise BenchError(f"{children[0].name}: nothing happened within {timeout_s:g} s:\n{children[0].tail()}")
+        time.sleep(0.001)
+
+
 def _upgrade_kill_window(database: DatabaseFactory, populated: bool) -> float:
-    """Seconds an uninterrupted ``tiletune db upgrade`` spends from opening the database to exiting."""
+    """Seconds an uninterrupted ``tiletune db upgrade`` spends on the database: from opening it (its
+    schema lock, or its first connection) until it lets go of it."""
     with database() as url:
         if populated:
             _populate_0001(url)
         child = Child("db upgrade", tiletune_command("db", "upgrade", "--database-url", url))
         try:
-            child.wait_until(_migrating(child, url), 120, "opening the database", poll_s=0.001)
+            migrating = _migrating(child, url)
+            _until(migrating, [child])
             started = time.monotonic()
+            _until(lambda: not migrating(), [child])
+            window = time.monotonic() - started
             if child.wait(120) != 0:
                 raise BenchError(f"an uninterrupted upgrade failed:\n{child.tail()}")
-            return time.monotonic() - started
+            return window
         finally:
             child.stop()
 
@@ -331,18 +345,45 @@ def _upgrade_run(run: _Run, populated: bool, window_s: float) -> list[str]:
     if populated:
         _populate_0001(run.url)
     child = run.start("db upgrade", "db", "upgrade", "--database-url", run.url)
-    migrating = _migrating(child, run.url)
-    while not migrating() and child.alive():
-        time.sleep(0.001)
+    _until(_migrating(child, run.url), [child])
     time.sleep(run.rng.uniform(0, window_s))
     run.kill(child)
     run.report.count("left below head", current_revision(run.url) != head_revision())
     return check_schema(run.url, POPULATED_ROWS if populated else None)
 
 
+def _start_three(url: str, start: Callable[[str], Child]) -> tuple[list[Child], Callable[[], bool]]:
+    """Three ``tiletune db upgrade`` at once, and "has any of them got to the database?"."""
+    starters = [start(f"starter {i}") for i in range(3)]
+    checks = [_migrating(c, url) for c in starters]
+    return starters, lambda: any(check() for check in checks)
+
+
+def _starts_kill_window(database: DatabaseFactory) -> float:
+    """Seconds from the first of three uninterrupted concurrent starters getting to the database
+    until the last exits."""
+    with database() as url:
+        starters, any_migrating = _start_three(
+            url, lambda name: Child(name, tiletune_command("db", "upgrade", "--database-url", url))
+        )
+        try:
+            _until(any_migrating, starters)
+            started = time.monotonic()
+            codes = [c.wait(120) for c in starters]
+            if codes != [0, 0, 0]:
+                raise BenchError(f"uninterrupted concurrent starts failed: {codes}")
+            return time.monotonic() - started
+        finally:
+            for c in starters:
+                c.stop()
+
+
 def _starts_run(run: _Run, window_s: float) -> list[str]:
-    starters = [run.start(f"starter {i}", "db", "upgrade", "--database-url", run.url) for i in range(3)]
+    starters, any_migrating = _start_three(
+        run.url, lambda name: run.start(name, "db", "upgrade", "--database-url", run.url)
+    )
     victim = run.rng.choice(starters)
+    _until(any_migrating, starters)
     time.sleep(run.rng.uniform(0, window_s))
     run.kill(victim)
     problems = []
@@ -613,17 +654,7 @@ def _calibrate(
     if scenario == "upgrade":
         return {"fresh": _upgrade_kill_window(database, False), "populated": _upgrade_kill_window(database, True)}
     if scenario == "starts":
-        with database() as url:
-            started = time.monotonic()
-            children = [
-                Child(f"starter {i}", tiletune_command("db", "upgrade", "--database-url", url)) for i in range(3)
-            ]
-            codes = [c.wait(120) for c in children]
-            for c in children:
-                c.stop()
-            if codes != [0, 0, 0]:
-                raise BenchError(f"uninterrupted concurrent starts failed: {codes}")
-            return {"starts": time.monotonic() - started}
+        return {"starts": _starts_kill_window(database)}
     if scenario == "server":
         return {"ready": _server_ready_s(database)}
     return {}
