@@ -201,6 +201,20 @@ class Child:
         """Until the child has printed ``text`` (e.g. a worker's "claiming" once it is up)."""
         self.wait_until(lambda: text in self.output(), timeout_s, f"printing {text!r}", poll_s=0.1)
 
+    def has_open(self, path: Path) -> bool:
+        """Whether the child holds ``path`` open right now (Linux ``/proc``: e.g. a database file,
+        to tell when a command got to its database); False once it exited."""
+        target = os.path.realpath(path)
+        try:
+            fds = os.listdir(f"/proc/{self.proc.pid}/fd")
+        except OSError:
+            return False
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{self.proc.pid}/fd/{fd}") == target:
+                    return True
+        return False
+
     def cpu_seconds(self) -> float | None:
         return process_tree_cpu_seconds(self.proc.pid)
 

@@ -174,6 +174,42 @@ def bench_workers_cmd(
     _run(run_workers_bench, opts, print_workers_report, as_json)
 
 
+@bench_app.command("crash")
+def bench_crash_cmd(
+    runs: Annotated[int, typer.Option(min=1, help="Runs per scenario and database")] = 50,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="A PostgreSQL URL: also run on scratch databases created beside it (CREATEDB needed) and "
+            "dropped afterwards; the database itself is not touched. SQLite always runs, on temporary files.",
+        ),
+    ] = None,
+    scenarios: Annotated[
+        str, typer.Option(help="Comma-separated: upgrade, starts, worker-trial, worker-publish, server")
+    ] = "upgrade,starts,worker-trial,worker-publish,server",
+    seed: Annotated[int | None, typer.Option(help="Seed of the kill points (default: random, reported)")] = None,
+    sqlite: Annotated[bool, typer.Option(help="Run on SQLite (--no-sqlite: PostgreSQL only)")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """SIGKILL tiletune's processes at random points (db upgrade, concurrent starts, a worker in a trial or
+    in its publish, the server), restart, and check that every database upgrades, no job is lost or
+    finished twice and no trial stays running. Exits 1 when any run failed its checks."""
+    from server.bench import BenchError
+    from server.bench.crash import CrashBenchOptions, print_crash_report, run_crash_bench
+
+    opts = CrashBenchOptions(
+        runs=runs,
+        database_url=database_url,
+        scenarios=tuple(s.strip() for s in scenarios.split(",") if s.strip()),
+        seed=seed,
+        sqlite=sqlite,
+    )
+    report = _run(run_crash_bench, opts, print_crash_report, as_json, errors=(ValueError, BenchError))
+    if any(s["failures"] for s in report["scenarios"]):
+        raise typer.Exit(1)
+
+
 @bench_app.command("client")
 def bench_client_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset whose config is resolved.")] = "cpu-demo",

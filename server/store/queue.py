@@ -17,8 +17,16 @@ conditional UPDATE that re-checks claimability, so only one writer can win.
 Each trial of a job is inserted as ``running`` before it is measured
 (:func:`reserve_trial`), under a lock on the job row and a unique
 (job_id, params_key) index: two workers never measure the same params, and
-together they never exceed the job's budget. A running trial whose worker lost
-its lease (it died) is recorded as ``crashed`` by the next claim.
+together they never exceed the job's budget. A lease that expired is ended, and
+the trial its worker had in flight recorded ``crashed``, by the next claim, by
+the heartbeat of a co-worker still on the job, by its finalizer while it waits,
+or when the job ends: no trial of a finished job stays ``running``.
+
+A job leaves ``running`` once (to ``done``, ``failed``, ``cancelled`` or back
+to ``queued``), in a transaction that checked its status under the job row's
+lock; a claim never reopens a finished job. Transactions that change a job's
+leases or trials lock in one order -- the job row, then leases, then trials --
+so on PostgreSQL two of them never deadlock (SQLite has one writer at a time).
 
 Functions take a session and never commit: the caller's
 :meth:`~server.store.db.Database.transaction` does (a claim, a reservation or a
@@ -128,12 +136,19 @@ def active_job(session: Session, workload_id: int) -> Job | None:
 
 
 def cancel_job(session: Session, job: Job) -> Job:
-    """Cancel a queued or running job: every lease ends, so workers stop at their next heartbeat."""
-    if job.status in ACTIVE_JOB_STATUSES:
-        now = utcnow()
+    """Cancel a queued or running job: every lease ends, so workers stop at their next heartbeat,
+    and the trials in flight are dropped (nobody will finish them). A job that ended meanwhile
+    (its status is checked under the row's lock) is left as it is."""
+    now = utcnow()
+    cancelled = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status.in_(ACTIVE_JOB_STATUSES))
+        .values(status="cancelled", finished_at=now, updated_at=now)
+    )
+    if _rowcount(cancelled) == 1:
         session.execute(update(JobLease).where(_live(job.id)).values(ended_at=now, end_reason="cancelled"))
-        job.status = "cancelled"
-        job.finished_at = now
+        session.execute(delete(Trial).where(Trial.job_id == job.id, Trial.status == "running"))
+    session.refresh(job)
     return job
 
 
@@ -162,7 +177,7 @@ def fail_abandoned_jobs(session: Session) -> int:
     """Running jobs whose every lease expired and that have no attempts left become ``failed``."""
     now = utcnow()
     abandoned = select(Job.id).where(Job.status == "running", _live_count(now) == 0, Job.attempts >= Job.max_attempts)
-    ids = list(session.scalars(abandoned))
+    ids = list(session.scalars(abandoned.with_for_update(skip_locked=True, of=Job)))  # job rows first
     if not ids:
         return 0
     session.execute(
@@ -170,6 +185,8 @@ def fail_abandoned_jobs(session: Session) -> int:
         .where(JobLease.job_id.in_(ids), JobLease.ended_at.is_(None))
         .values(ended_at=now, end_reason="expired")
     )
+    for job_id in ids:
+        _reap(session, job_id, now)
     failed = _rowcount(
         session.execute(
             update(Job)
@@ -246,9 +263,7 @@ def claim_job(
 def _take(session: Session, job_id: int, worker: str, now: dt.datetime, lease_s: float) -> bool:
     """The claim itself, inside the transaction that holds the job row; False when no lease
     slot is free after all (a stalled worker's heartbeat came back in time)."""
-    session.execute(
-        update(JobLease).where(_live(job_id), JobLease.expires_at <= now).values(ended_at=now, end_reason="expired")
-    )
+    _end_expired(session, job_id, now)
     live = session.scalar(select(func.count()).select_from(JobLease).where(_live(job_id))) or 0
     parallelism = session.scalar(select(Job.parallelism).where(Job.id == job_id)) or 1
     if live >= parallelism:
@@ -256,7 +271,9 @@ def _take(session: Session, job_id: int, worker: str, now: dt.datetime, lease_s:
     values: dict[str, Any] = {"status": "running", "updated_at": now}
     if live == 0:  # a fresh start or a take-over: a new attempt, nobody re-timing yet
         values.update(attempts=Job.attempts + 1, finalizer=None)
-    session.execute(update(Job).where(Job.id == job_id).values(**values))
+    taken = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE_JOB_STATUSES)).values(**values))
+    if _rowcount(taken) != 1:  # it ended meanwhile: a claim never reopens a finished job
+        return False
     session.execute(
         insert(JobLease).values(
             job_id=job_id, worker=worker, claimed_at=now, expires_at=now + dt.timedelta(seconds=lease_s)
@@ -266,31 +283,63 @@ def _take(session: Session, job_id: int, worker: str, now: dt.datetime, lease_s:
     return True
 
 
-def _reap(session: Session, job_id: int, now: dt.datetime) -> int:
+def _end_expired(session: Session, job_id: int, now: dt.datetime) -> int:
+    """End the job's expired leases (their workers died or stalled); a finalizer among them
+    is no longer the finalizer, so a co-worker still on the job can take its place."""
+    ended = _rowcount(
+        session.execute(
+            update(JobLease).where(_live(job_id), JobLease.expires_at <= now).values(ended_at=now, end_reason="expired")
+        )
+    )
+    if ended:
+        holders = select(JobLease.worker).where(_live(job_id))
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.finalizer.is_not(None), Job.finalizer.not_in(holders))
+            .values(finalizer=None)
+        )  # fmt: skip
+    return ended
+
+
+LOST_LEASE_ERROR = "the worker measuring this trial lost its lease (it died or stalled) before it finished"
+
+
+def _reap(session: Session, job_id: int, now: dt.datetime, error: str = LOST_LEASE_ERROR) -> int:
     """Running trials of ``job_id`` whose worker holds no live lease: ``crashed``."""
     holders = select(JobLease.worker).where(_live(job_id))
     return _rowcount(
         session.execute(
             update(Trial)
             .where(Trial.job_id == job_id, Trial.status == "running", Trial.worker.not_in(holders))
-            .values(
-                status="crashed",
-                error="the worker measuring this trial lost its lease (it died or stalled) before it finished",
-                finished_at=now,
-            )
+            .values(status="crashed", error=error, finished_at=now)
         )
     )
 
 
+def _lock_job(session: Session, job_id: int) -> None:
+    """Lock the job row first (PostgreSQL), for the one lock order of the module docstring.
+
+    SQLite ignores FOR UPDATE: its first write takes the database's write lock, and
+    every change here is a conditional statement evaluated under that lock."""
+    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+
+
 def reap_lost_trials(session: Session, job_id: int) -> int:
-    """Record the in-flight trials of workers that no longer hold the job as ``crashed``."""
-    return _reap(session, job_id, utcnow())
+    """End the job's expired leases and record their workers' trials in flight as ``crashed``
+    (the number of trials)."""
+    now = utcnow()
+    _lock_job(session, job_id)
+    _end_expired(session, job_id, now)
+    return _reap(session, job_id, now)
 
 
 def heartbeat(session: Session, job_id: int, worker: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
     """Extend the worker's lease; False when it is no longer the worker's (the job was
-    cancelled or finished, or another worker took it over): stop working on it."""
+    cancelled or finished, or another worker took it over): stop working on it.
+
+    A co-worker's lease that expired meanwhile is ended here and its trial in flight
+    recorded ``crashed``: a dead co-worker costs its lease's time, not the job's end."""
     now = utcnow()
+    _lock_job(session, job_id)
     extended = _rowcount(
         session.execute(
             update(JobLease)
@@ -302,7 +351,11 @@ def heartbeat(session: Session, job_id: int, worker: str, lease_s: float = DEFAU
             .values(expires_at=now + dt.timedelta(seconds=lease_s))
         )
     )
-    return extended == 1
+    if extended != 1:
+        return False
+    if _end_expired(session, job_id, now):
+        _reap(session, job_id, now)
+    return True
 
 
 def _end_lease(session: Session, job_id: int, worker: str, reason: str, now: dt.datetime) -> bool:
@@ -327,6 +380,13 @@ def _others_live(session: Session, job_id: int, worker: str, now: dt.datetime) -
     )
 
 
+def co_workers(session: Session, job_id: int, worker: str) -> int:
+    """How many other workers hold a live lease on the job (expired or not: see :func:`reap_lost_trials`)."""
+    return (
+        session.scalar(select(func.count()).select_from(JobLease).where(_live(job_id), JobLease.worker != worker)) or 0
+    )
+
+
 def _drop_unfinished(session: Session, job_id: int, worker: str) -> None:
     """Delete the worker's reserved, unfinished trials of the job (another worker measures them)."""
     session.execute(delete(Trial).where(Trial.job_id == job_id, Trial.worker == worker, Trial.status == "running"))
@@ -343,6 +403,7 @@ def release_job(session: Session, job_id: int, worker: str) -> bool:
     are dropped (another worker measures them), and if no other worker holds the job
     it is queued again without counting the attempt."""
     now = utcnow()
+    _lock_job(session, job_id)
     if not _end_lease(session, job_id, worker, "released", now):
         return False
     _drop_unfinished(session, job_id, worker)
@@ -356,32 +417,45 @@ def release_job(session: Session, job_id: int, worker: str) -> bool:
 
 
 def finish_job(session: Session, job_id: int, worker: str, status: str, error: str | None = None) -> bool:
-    """End the worker's part of a job as ``done`` or ``failed``; False if the worker no
-    longer holds it.
+    """End the worker's part of a job as ``done`` or ``failed``; False when the job is no
+    longer running or the worker no longer holds it (the job and its leases are left as
+    they are).
 
     ``done`` ends the job and every lease on it. ``failed`` ends this worker's
     lease; once no other worker holds the job it is queued again while it has
     attempts left (retried by the next claim), else it is ``failed`` with ``error``.
+    The job's status is checked under its row's lock (the first statement writes
+    it), so of two workers finishing one job at once only one can: a caller that
+    publishes the job's result in the same transaction, after this returned True,
+    publishes it once. A job that ends keeps no ``running`` trial: expired
+    co-workers' are ``crashed`` with the lost lease, any other with the job's end.
     """
     if status not in ("done", "failed"):
         raise ValueError("status must be 'done' or 'failed'")
     now = utcnow()
-    job = session.get(Job, job_id, populate_existing=True)
+    locked = session.execute(update(Job).where(Job.id == job_id, Job.status == "running").values(updated_at=now))
+    if _rowcount(locked) != 1:
+        return False
+    job = session.get(Job, job_id, populate_existing=True)  # a new statement: every commit before our lock
     if job is None or job.status != "running" or not _end_lease(session, job_id, worker, status, now):
         return False
+    _drop_unfinished(session, job_id, worker)  # reservations it will not measure (another worker may)
+    _end_expired(session, job_id, now)
+    _reap(session, job_id, now)
     job.error = error
     if status == "done":  # co-workers still on it learn at their next heartbeat or reservation
         session.execute(update(JobLease).where(_live(job_id)).values(ended_at=now, end_reason="job_done"))
         job.status = "done"
         job.finished_at = now
     elif _others_live(session, job_id, worker, now) == 0:
-        _drop_unfinished(session, job_id, worker)
         if job.attempts < job.max_attempts:
             job.status = "queued"
             job.finalizer = None
         else:
             job.status = "failed"
             job.finished_at = now
+    if job.status in ("done", "failed"):
+        _reap(session, job_id, now, error="the job ended before this trial finished")
     return True
 
 

@@ -9,9 +9,7 @@ study lives in the same database (:func:`optuna_storage`), shared by its workers
 
 from __future__ import annotations
 
-import secrets
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +20,7 @@ from autotune.search import TrialResult
 from kernel.config import TileConfig
 from server.store import models, queue
 from server.store.db import Database, configure_sqlite, normalize_url
+from server.store.migrate import schema_lock
 
 
 def study_name(job: models.Job) -> str:
@@ -29,30 +28,26 @@ def study_name(job: models.Job) -> str:
     return f"tiletune-job-{job.id}-{job.created_at:%Y%m%dT%H%M%S%f}"
 
 
-def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+def optuna_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on tiletune's database (its tables live beside ours).
 
-    On SQLite its connections get tiletune's pragmas with a long busy timeout
-    (the server and the worker write the same file) and no fsync per commit
-    (Optuna commits every suggested param). Creating the tables
-    races when several workers start at once on a fresh database, so a failed
-    first connection is retried.
+    Optuna creates its tables (and stamps its own ``alembic_version``) when they
+    are missing, which races when several workers start at once on a fresh
+    database: the creation holds the database's schema lock, as migrations do
+    (:func:`~server.store.migrate.schema_lock`), so one creates and the others
+    find the tables there. On SQLite its connections get tiletune's pragmas with
+    a long busy timeout (the server and the worker write the same file) and no
+    fsync per commit (Optuna commits every suggested param).
     """
     url = normalize_url(url)
     sqlite = url.startswith("sqlite")
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
-    for attempt in range(attempts):
-        try:
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-            if sqlite:
-                configure_sqlite(storage.engine, 60000, foreign_keys=False)
-                storage.engine.dispose()  # the connection that created the tables had no pragmas
-            return storage
-        except Exception:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5 + attempt + secrets.randbelow(500) / 1000)
-    raise AssertionError("unreachable")
+    with schema_lock(url):
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    if sqlite:
+        configure_sqlite(storage.engine, 60000, foreign_keys=False)
+        storage.engine.dispose()  # the connection that created the tables had no pragmas
+    return storage
 
 
 def fail_orphaned_trials(storage: optuna.storages.RDBStorage, study: str) -> None:

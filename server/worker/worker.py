@@ -8,12 +8,18 @@ top configs and publish the winner as the workload's tuned config.
 
 - A heartbeat thread extends the lease every ``lease_s / 3``. A heartbeat that
   fails (the job was cancelled, or the worker stalled past its lease and was
-  replaced) stops the work: the trial in flight is abandoned.
+  replaced) stops the work: the trial in flight is abandoned. A heartbeat also
+  ends the expired leases of co-workers (they died) and records their trials in
+  flight ``crashed``.
 - Every trial is reserved in the database before it is measured
   (:class:`~server.worker.coordinator.JobCoordinator`): workers of one job never
   measure the same params, and together they stay within its budget. The worker
   that sees the budget spent first becomes the job's finalizer; the others leave
-  the job. Publishing the winner and finishing the job are one transaction.
+  the job. The finalizer waits until no co-worker holds the job (a dead one for
+  its lease to expire), marks the trials that dead workers left RUNNING in the
+  study FAIL, re-times the finalists, then finishes the job and publishes the
+  winner in one transaction that publishes nothing unless it is the one that
+  ends the job (:func:`publish_job_winner`).
 - ``request_stop()`` (the CLI calls it on SIGTERM / SIGINT) finishes the trial in
   flight, then gives the job back; ``request_stop(abandon=True)`` (a second
   signal) kills the measurement in flight at once.
@@ -70,6 +76,31 @@ WORKER_BACKENDS = ("auto", *BACKENDS, "replay")
 
 class LostJob(Exception):  # noqa: N818  (a condition of the job, not a bug)
     """The worker no longer holds the job it was finishing: nothing of the finish is kept."""
+
+
+def publish_job_winner(
+    db: Database, job_id: int, worker: str, workload_key: str, result: SearchResult, versions: dict[str, str | None]
+) -> int | None:
+    """Finish the job ``done`` and publish ``result``'s re-timed winner as the workload's tuned config,
+    in one transaction: the id of the tuned config, or None when ``worker`` no longer holds the
+    running job (nothing is written then).
+
+    The job's end comes first and checks, under the job row's lock, that the job is still
+    running and held by ``worker`` (:func:`~server.store.queue.finish_job`); the publish
+    follows only then. So however often this runs for one job -- a second finalizer after a
+    take-over, a retry after a crash, a worker whose lease was ended -- the job gets one tuned
+    config, and a worker killed before the commit leaves neither.
+    """
+    try:
+        with db.transaction() as session:
+            if not queue.finish_job(session, job_id, worker, "done"):
+                raise LostJob(f"job {job_id} is no longer held by {worker}")
+            row = workloads.find_workload(session, workload_key)
+            assert row is not None and result.best is not None
+            best_row = session.get(models.Trial, result.best.number)  # trial_result keeps the row id there
+            return publish_winner(session, row, result, versions, best_row)
+    except LostJob:
+        return None
 
 
 def worker_name() -> str:
@@ -231,7 +262,7 @@ class Worker:
                     with self.db.transaction() as session:
                         queue.release_job(session, job_id, self.name)
                     return JobOutcome(job_id, workload.key, "released", len(result.trials))
-                return self._finish(job_id, workload, measurer, result, lost)
+                return self._finish(job_id, study, workload, measurer, result, lost)
         except MeasurementAborted:
             coordinator.abandon()
             if lost.is_set():
@@ -309,7 +340,13 @@ class Worker:
         )
 
     def _finish(
-        self, job_id: int, workload: Workload, measurer: Measurer, result: SearchResult, lost: threading.Event
+        self,
+        job_id: int,
+        study: str,
+        workload: Workload,
+        measurer: Measurer,
+        result: SearchResult,
+        lost: threading.Event,
     ) -> JobOutcome:
         """The budget is spent: the first worker here re-times the finalists and publishes; the others leave."""
         mine = len(result.trials)
@@ -322,6 +359,9 @@ class Worker:
         self._wait_for_co_workers(job_id, lost)
         if lost.is_set():
             return JobOutcome(job_id, workload.key, "lost", mine)
+        # Nobody else works on the job now: a trial still RUNNING in its study was asked by a
+        # worker that died, and would stay so on the finished job.
+        fail_orphaned_trials(self.storage(), study)
         with self.db.read_sessions() as session:
             everyone = SearchResult(
                 trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
@@ -331,15 +371,8 @@ class Worker:
             with self.db.transaction() as session:
                 queue.finish_job(session, job_id, self.name, "failed", "no config measured ok")
             return JobOutcome(job_id, workload.key, "failed", mine, error="no config measured ok")
-        try:
-            with self.db.transaction() as session:  # the winner and the job's end: both or neither
-                row = workloads.find_workload(session, workload.key)
-                assert row is not None
-                best_row = session.get(models.Trial, everyone.best.number)  # trial_result keeps the row id there
-                tuned_id = publish_winner(session, row, everyone, self.versions(), best_row)
-                if not queue.finish_job(session, job_id, self.name, "done"):
-                    raise LostJob(f"job {job_id} is no longer held by {self.name}")
-        except LostJob:
+        tuned_id = publish_job_winner(self.db, job_id, self.name, workload.key, everyone, self.versions())
+        if tuned_id is None:
             return JobOutcome(job_id, workload.key, "lost", mine)
         self.on_event(
             "tuned",
@@ -350,13 +383,21 @@ class Worker:
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 
     def _wait_for_co_workers(self, job_id: int, lost: threading.Event) -> None:
-        """Until no trial of the job is in flight (trials of workers that died are reaped)."""
+        """Until no other worker holds the job and none of its trials is in flight.
+
+        A co-worker that died is settled as soon as its lease expires (the lease
+        ends, its trial in flight is recorded ``crashed``); a live one leaves once
+        its trial in flight is recorded (the reservation after it finds the budget
+        spent). The deadline only bounds a co-worker that keeps its lease alive but
+        never finishes its trial (its measurement outlived every timeout): the
+        job's end then records that trial ``crashed``.
+        """
         deadline = time.monotonic() + 2 * self.options.trial_timeout_s + self.options.lease_s
         while not lost.is_set() and time.monotonic() < deadline:
             with self.db.transaction() as session:
                 queue.reap_lost_trials(session, job_id)
-                running = queue.running_trials(session, job_id)
-            if running == 0:
+                busy = queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
+            if busy == 0:
                 return
             lost.wait(min(1.0, self.options.poll_s))
 

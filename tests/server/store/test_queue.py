@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections import Counter
 
-from sqlalchemy import update
+import pytest
+from sqlalchemy import func, select, text, update
 
 from server.api.schemas import WorkloadSpec
 from server.store import models, queue, workloads
@@ -234,3 +236,146 @@ def test_finalizer_that_dies_is_replaced(db: Database) -> None:
     with db.transaction() as session:
         assert queue.claim_job(session, "b", device_kind="cpu", backend="xla") is not None
         assert queue.begin_finalize(session, job_id, "b")
+
+
+def running_trials_of(db: Database, job_id: int) -> list[models.Trial]:
+    with db.read_sessions() as session:
+        return queue.job_trials(session, job_id, ("running",))
+
+
+def test_a_co_workers_heartbeat_settles_a_dead_co_worker(db: Database) -> None:
+    """A co-worker that died mid-trial: once its lease expires, the next heartbeat of a worker
+    still on the job ends that lease and records its trial ``crashed``; a dead finalizer stops
+    being the finalizer, so the survivor can finalize."""
+    (job_id,) = queue_jobs(db, 1, budget=8, parallelism=2)
+    with db.transaction() as session:
+        assert queue.claim_job(session, "alive", device_kind="cpu", backend="xla") is not None
+        assert queue.claim_job(session, "dead", device_kind="cpu", backend="xla") is not None
+        in_flight = queue.reserve_trial(session, job_id, "dead", params(0)).trial_id
+        mine = queue.reserve_trial(session, job_id, "alive", params(1)).trial_id
+        assert queue.begin_finalize(session, job_id, "dead")
+    with db.transaction() as session:
+        assert queue.heartbeat(session, job_id, "alive")
+    assert len(running_trials_of(db, job_id)) == 2  # nobody is dead yet
+    expire(db, job_id, "dead")
+    with db.transaction() as session:
+        assert queue.heartbeat(session, job_id, "alive")
+    with db.read_sessions() as session:
+        crashed = session.get(models.Trial, in_flight)
+        assert crashed is not None and crashed.status == "crashed" and crashed.error == queue.LOST_LEASE_ERROR
+        assert [t.id for t in queue.job_trials(session, job_id, ("running",))] == [mine]  # the live one's goes on
+        ends = {lease.worker: lease.end_reason for lease in queue.job_leases(session, job_id)}
+        assert ends == {"alive": None, "dead": "expired"}
+        assert queue.job_progress(session, [job_id])[job_id].trials_running == 1
+    with db.transaction() as session:
+        assert not queue.heartbeat(session, job_id, "dead")  # if it was only stalled, it learns it lost the job
+        assert queue.begin_finalize(session, job_id, "alive")
+
+
+def _end_done_with_an_expired_co_worker(db: Database, job_id: int) -> None:
+    expire(db, job_id, "b")
+    with db.transaction() as session:
+        assert queue.finish_job(session, job_id, "a", "done")
+
+
+def _end_done_with_a_live_co_worker(db: Database, job_id: int) -> None:
+    with db.transaction() as session:
+        assert queue.finish_job(session, job_id, "a", "done")
+
+
+def _end_failed_with_an_expired_co_worker(db: Database, job_id: int) -> None:
+    with db.transaction() as session:
+        session.execute(update(models.Job).where(models.Job.id == job_id).values(max_attempts=1))
+    expire(db, job_id, "b")
+    with db.transaction() as session:
+        assert queue.finish_job(session, job_id, "a", "failed", "boom")
+
+
+def _end_cancelled(db: Database, job_id: int) -> None:
+    with db.transaction() as session:
+        job = session.get(models.Job, job_id)
+        assert job is not None
+        assert queue.cancel_job(session, job).status == "cancelled"
+
+
+def _end_abandoned(db: Database, job_id: int) -> None:
+    with db.transaction() as session:
+        session.execute(update(models.Job).where(models.Job.id == job_id).values(max_attempts=1))
+    expire(db, job_id, "a")
+    expire(db, job_id, "b")
+    with db.transaction() as session:
+        assert queue.claim_job(session, "c", device_kind="cpu", backend="xla") is None
+
+
+JOB_ENDS = {
+    "done, expired co-worker": (_end_done_with_an_expired_co_worker, "done"),
+    "done, live co-worker": (_end_done_with_a_live_co_worker, "done"),
+    "failed, expired co-worker": (_end_failed_with_an_expired_co_worker, "failed"),
+    "cancelled": (_end_cancelled, "cancelled"),
+    "abandoned": (_end_abandoned, "failed"),
+}
+
+
+@pytest.mark.parametrize("end", list(JOB_ENDS))
+def test_a_job_that_ends_keeps_no_running_trial(db: Database, end: str) -> None:
+    """However a job ends, no trial of it stays ``running`` (they would count forever in its
+    progress and budget): each way of ending it, with two workers' trials in flight."""
+    ending, status = JOB_ENDS[end]
+    (job_id,) = queue_jobs(db, 1, budget=8, parallelism=2)
+    with db.transaction() as session:
+        for i, worker in enumerate(("a", "b")):
+            assert queue.claim_job(session, worker, device_kind="cpu", backend="xla") is not None
+            assert queue.reserve_trial(session, job_id, worker, params(i)).verdict == "reserved"
+    ending(db, job_id)
+    with db.read_sessions() as session:
+        job = session.get(models.Job, job_id)
+        assert job is not None and job.status == status
+        assert queue.job_progress(session, [job_id])[job_id].trials_running == 0
+        assert all(lease.ended_at is not None for lease in queue.job_leases(session, job_id))
+    assert running_trials_of(db, job_id) == []
+
+
+def lock_waiters(db: Database) -> int:
+    """Backends of this database waiting for a lock another transaction holds (PostgreSQL)."""
+    with db.reader() as conn:
+        waiting = select(func.count()).select_from(text("pg_stat_activity"))
+        waiting = waiting.where(text("datname = current_database() AND wait_event_type = 'Lock'"))
+        return int(conn.execute(waiting).scalar_one())
+
+
+def test_a_claim_racing_the_finish_of_a_stalled_worker_neither_deadlocks_nor_reopens_the_job(db: Database) -> None:
+    """A worker whose lease ran out finishes its job while another worker claims it. The finish
+    locks the job row before any lease, as a claim does: the claim skips the job (or waits and
+    then finds it done) instead of deadlocking with it or taking the done job back to running."""
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite has one writer at a time: the claim waits for the finish to commit")
+    (job_id,) = queue_jobs(db, 1)
+    with db.transaction() as session:
+        assert queue.claim_job(session, "stalled", device_kind="cpu", backend="xla") is not None
+    expire(db, job_id, "stalled")
+    outcome: dict[str, object] = {}
+
+    def claim() -> None:
+        try:
+            with db.transaction() as session:
+                job = queue.claim_job(session, "other", device_kind="cpu", backend="xla")
+                outcome["claimed"] = None if job is None else job.id
+        except Exception as exc:  # the test's verdict, below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=claim)
+    with db.transaction() as session:
+        assert queue.finish_job(session, job_id, "stalled", "done")
+        thread.start()
+        while thread.is_alive() and lock_waiters(db) == 0:  # the claim is done, or blocked by this finish
+            time.sleep(0.01)
+    thread.join(60)
+    assert "error" not in outcome, outcome
+    assert outcome.get("claimed") is None  # the job was being finished: not claimable
+    with db.transaction() as session:
+        assert queue.claim_job(session, "other", device_kind="cpu", backend="xla") is None
+        job = session.get(models.Job, job_id)
+        assert job is not None and job.status == "done" and job.attempts == 1
+        assert [(lease.worker, lease.end_reason) for lease in queue.job_leases(session, job_id)] == [
+            ("stalled", "done")
+        ]

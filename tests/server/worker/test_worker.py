@@ -10,12 +10,14 @@ from typing import Any
 
 import optuna
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
-from autotune.replay import RecordedTable
+from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.search import SearchOptions, SearchResult, pick_winner
 from server.store import models, queue, workloads
 from server.store.db import Database
-from server.worker.worker import Worker, WorkerOptions, optuna_storage, study_name
+from server.worker.coordinator import trial_result
+from server.worker.worker import Worker, WorkerOptions, optuna_storage, publish_job_winner, study_name
 from tests.server.worker.workers import (
     TABLE,
     check_job_records,
@@ -181,3 +183,107 @@ def test_sigterm_finishes_the_trial_gives_the_job_back_and_a_new_worker_resumes(
     check_job_records(db, job_id, budget=12)
     after = {t.id for t in finished_trials(db, job_id)}
     assert {t.id for t in before} <= after
+
+
+def jobs_tuned_configs(db: Database, job_id: int) -> list[models.TunedConfig]:
+    """The tuned configs published from the trials of ``job_id``."""
+    with db.read_sessions() as session:
+        return list(
+            session.scalars(
+                select(models.TunedConfig)
+                .join(models.Trial, models.Trial.id == models.TunedConfig.trial_id)
+                .where(models.Trial.job_id == job_id)
+            )
+        )
+
+
+def test_a_co_worker_that_dies_mid_trial_is_settled_when_its_lease_expires(db: Database, database_url: str) -> None:
+    """A co-worker of a ``parallelism: 2`` job dies with a trial in flight and a trial RUNNING in
+    the job's study. The survivor finalizes as soon as the dead lease expires (not after a fixed
+    timeout: its deadline here is 2 x 30 s + 2 s), and the finished job keeps no ``running``
+    trial and no RUNNING Optuna trial; the dead lease ends ``expired``, not ``job_done``."""
+    (job_id,) = queue_replay_jobs(db, 1, budget=8, parallelism=2)
+    table = RecordedTable.load(TABLE)
+    config = next(c for c, m in table.entries.values() if m.status == "ok")
+    with db.transaction() as session:
+        job = queue.claim_job(session, "dead", device_kind="cpu", backend="xla", lease_s=600)
+        assert job is not None
+        name = study_name(job)
+        in_flight = queue.reserve_trial(session, job_id, "dead", config.to_dict()).trial_id
+    optuna.create_study(study_name=name, storage=optuna_storage(database_url), direction="minimize").ask()
+    worker = replay_worker(database_url, lease_s=2.0, trial_timeout_s=30.0)
+    outcomes: list[Any] = []
+    thread = threading.Thread(target=lambda: outcomes.extend(worker.run()))
+    thread.start()
+    try:
+
+        def finalizing() -> bool:
+            with db.read_sessions() as session:
+                job = session.get(models.Job, job_id)
+                return job is not None and job.finalizer == worker.name
+
+        wait_for(finalizing, 120, "the survivor to finalize")
+        assert statuses(db, [job_id]) == {job_id: "running"}  # it waits for the co-worker's trial
+        with db.transaction() as session:  # the co-worker was killed: its lease runs out now
+            session.execute(
+                update(models.JobLease)
+                .where(models.JobLease.worker == "dead")
+                .values(expires_at=models.utcnow() - dt.timedelta(seconds=1))
+            )
+    finally:
+        thread.join(120)
+        worker.close()
+    assert [(o.job_id, o.status) for o in outcomes] == [(job_id, "done")]
+    with db.read_sessions() as session:
+        job = session.get(models.Job, job_id)
+        assert job is not None and job.status == "done" and job.attempts == 1  # joined, never taken over
+        ends = {lease.worker: lease.end_reason for lease in queue.job_leases(session, job_id)}
+        assert ends == {"dead": "expired", worker.name: "done"}
+        crashed = session.get(models.Trial, in_flight)
+        assert crashed is not None and crashed.status == "crashed" and crashed.error == queue.LOST_LEASE_ERROR
+        assert queue.running_trials(session, job_id) == 0
+    states = [t.state for t in optuna.load_study(study_name=name, storage=optuna_storage(database_url)).trials]
+    assert optuna.trial.TrialState.RUNNING not in states and optuna.trial.TrialState.FAIL in states
+    assert len(jobs_tuned_configs(db, job_id)) == 1
+
+
+def test_one_tuned_config_per_job_however_many_finish_it(db: Database, database_url: str) -> None:
+    """Every worker holding a job tries to finish it and publish at once, then once more: one of
+    them publishes, once; the others and the repeats write nothing (a second finalizer, a retry
+    after a crash, or a worker whose job is done never adds a second tuned config)."""
+    holders = 4
+    (job_id,) = queue_replay_jobs(db, 1, budget=8, parallelism=holders)
+    table = RecordedTable.load(TABLE)
+    measured = [(c, m) for c, m in table.entries.values() if m.status == "ok"][:3]
+    names = [f"w{i}" for i in range(holders)]
+    with db.transaction() as session:
+        for name in names:
+            assert queue.claim_job(session, name, device_kind="cpu", backend="xla") is not None
+        for config, m in measured:
+            trial_id = queue.reserve_trial(session, job_id, names[0], config.to_dict()).trial_id
+            assert queue.complete_trial(session, trial_id or 0, names[0], "ok", **m.trial_fields())
+        job = session.get(models.Job, job_id)
+        assert job is not None
+        row = session.get(models.Workload, job.workload_id)
+        assert row is not None
+        key = row.key
+        result = SearchResult(trials=[trial_result(t) for t in queue.job_trials(session, job_id)], best=None)
+    pick_winner(result, ReplayMeasurer(table), SearchOptions())
+    versions = {"jax": "replay", "jaxlib": "replay", "libtpu": None}
+    published: list[int | None] = []
+    barrier = threading.Barrier(holders)
+
+    def finish(name: str) -> None:
+        barrier.wait()
+        published.append(publish_job_winner(db, job_id, name, key, result, versions))
+
+    threads = [threading.Thread(target=finish, args=(name,)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(published) == holders and sum(p is not None for p in published) == 1, published
+    assert [publish_job_winner(db, job_id, name, key, result, versions) for name in names] == [None] * holders
+    (tuned,) = jobs_tuned_configs(db, job_id)
+    assert tuned.id in published and tuned.is_current
+    assert statuses(db, [job_id]) == {job_id: "done"}
