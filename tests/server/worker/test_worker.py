@@ -268,7 +268,7 @@ def test_one_tuned_config_per_job_however_many_finish_it(db: Database, database_
         assert row is not None
         key = row.key
         result = SearchResult(trials=[trial_result(t) for t in queue.job_trials(session, job_id)], best=None)
-    pick_winner(result, ReplayMeasurer(table), SearchOptions())
+    pick_winner(result, ReplayMeasurer(table), SearchOptions(), table.space())
     versions = {"jax": "replay", "jaxlib": "replay", "libtpu": None}
     published: list[int | None] = []
     barrier = threading.Barrier(holders)
