@@ -1,8 +1,8 @@
 """Samplers of the search, by name: :func:`make_sampler`.
 
-- ``tpe`` (default): :class:`~autotune.samplers.local_search.LocalSearchSampler`, a
-  best-improvement descent from the warm start over one-step neighbours, then
-  multivariate TPE interleaved with local steps around the best configs;
+- ``tpe`` (default): :class:`~autotune.samplers.local_search.LocalSearchSampler`,
+  multivariate TPE interleaved with local steps (one-step neighbours) around the
+  warm start and the best configs;
 - ``tpe-plain``: multivariate TPE alone (both read each trial's ``infeasible``
   constraint, so failed and invalid regions are learned as infeasible);
 - ``random``, ``grid``, ``brute`` (every point, in order), ``gp`` (Optuna's GP

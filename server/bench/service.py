@@ -68,14 +68,14 @@ BARE_BODY = {"source": "bare", "ok": True}
 def bare_app() -> FastAPI:
     """The reference: one POST route returning a small constant JSON body, no middleware, no database.
 
-    The route is a plain ``def`` (run in the threadpool) like ``/v1/lookup``, so
-    the difference between the two is the service's own work. uvicorn imports it
+    The route is an ``async def`` (run on the event loop) like ``/v1/lookup``, so
+    the difference between the two is the service's own work, not a thread-pool hop. uvicorn imports it
     as ``server.bench.service:bare_app`` with ``--factory``.
     """
     app = FastAPI(title="tiletune bench: bare route", openapi_url=None, docs_url=None, redoc_url=None)
 
     @app.post(BARE_PATH)
-    def bare() -> dict[str, Any]:
+    async def bare() -> dict[str, Any]:
         return BARE_BODY
 
     return app

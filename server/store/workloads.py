@@ -282,6 +282,15 @@ def nearest(
     index range scan), compared on their feature columns; only the winner's config
     is loaded. With ``snapshot`` the candidates are the configs current at it.
     """
+    found = nearest_k(db, wl, 1, candidates, snapshot=snapshot)
+    return found[0] if found else None
+
+
+def nearest_k(
+    db: Session | Connection, wl: Workload, k: int, candidates: int, *, snapshot: int | None = None
+) -> list[tuple[dict[str, Any], str, float, int]]:
+    """The ``k`` closest tuned workloads as :func:`nearest` chooses the first, closest first
+    (ties by key, so every process orders them alike); only their ``k`` configs are loaded."""
     params: dict[str, Any] = {
         "device_kind": wl.device_kind,
         "backend": wl.backend,
@@ -295,7 +304,7 @@ def nearest(
     else:
         rows = db.execute(_NEIGHBOURS_BOTH_AT, {**params, "snapshot": snapshot}).all()
     if not rows:
-        return None
+        return []
     mine = wl.features()
     scored = []
     for r in rows:
@@ -307,7 +316,9 @@ def nearest(
             )
         )
         scored.append((feature_distance(mine, features), r.key, r.id))
-    distance, key, tuned_id = min(scored)
-    tuned = db.execute(_TUNED_BY_ID, {"tuned_id": tuned_id}).one()._asdict()
     latest = rows[0].snapshot if snapshot is None else snapshot
-    return tuned, key, distance, latest
+    out = []
+    for distance, key, tuned_id in sorted(scored)[:k]:
+        tuned = db.execute(_TUNED_BY_ID, {"tuned_id": tuned_id}).one()._asdict()
+        out.append((tuned, key, distance, latest))
+    return out

@@ -21,6 +21,26 @@ from server.store import models, records, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
 
+NEAREST_SEEDS = 3  # tuned configs of the closest workloads that warm-start a search
+NEAREST_CANDIDATES = 16  # tuned workloads compared on each side of the sequence length
+
+
+def warm_start_configs(session: Session, workload_id: int, workload: Workload) -> list[TileConfig]:
+    """What the database knows that may start a search near the best: the workload's own current
+    config (a re-tune), then the tuned configs of the :data:`NEAREST_SEEDS` nearest workloads of its
+    device kind, backend and family, closest first, without repeats. The search measures them right
+    after the kernel's heuristic, and its local steps move around whichever is fastest, so a far-off
+    heuristic costs a trial, not a descent."""
+    found: list[dict[str, Any]] = []
+    current = records.current_config(session, workload_id)
+    if current is not None:
+        found.append(current.config)
+    found += [
+        tuned["config"] for tuned, *_ in workloads.nearest_k(session, workload, NEAREST_SEEDS, NEAREST_CANDIDATES)
+    ]
+    configs = {TileConfig.from_dict(c).key: TileConfig.from_dict(c) for c in found}
+    return list(configs.values())
+
 
 @dataclasses.dataclass
 class TuneOutcome:
@@ -41,7 +61,8 @@ def tune_workload(
     job_id: int | None = None,
     on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
 ) -> TuneOutcome:
-    """Search ``workload`` on this machine; store every trial as it finishes, then the best config."""
+    """Search ``workload`` on this machine, warm-started by :func:`warm_start_configs` (unless
+    ``search.warm_start`` is off); store every trial as it finishes, then the best config."""
     upgrade(database_url)
     db = Database(database_url)
     versions = software_versions()
@@ -51,6 +72,8 @@ def tune_workload(
     try:
         with db.transaction() as session:
             workload_id = workloads.workload_row(session, workload).id
+            seeds = warm_start_configs(session, workload_id, workload)
+        search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds))
 
         def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
             with db.transaction() as session:

@@ -58,7 +58,7 @@ from autotune.supervisor import MeasurementAborted, Supervisor
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import BACKENDS, Workload
-from server.store import models, queue, records, workloads
+from server.store import models, queue, workloads
 from server.store.db import Database
 from server.worker.coordinator import (
     JobCoordinator,
@@ -67,7 +67,7 @@ from server.worker.coordinator import (
     study_name,
     trial_result,
 )
-from server.worker.tune import publish_winner
+from server.worker.tune import publish_winner, warm_start_configs
 
 log = logging.getLogger("tiletune.worker")
 
@@ -229,10 +229,7 @@ class Worker:
             row = session.get(models.Workload, workload_id)
             assert row is not None
             workload = workloads.workload_of(row)
-            seeds = [TileConfig.from_dict(t.config) for t in [records.current_config(session, workload_id)] if t]
-            near = workloads.nearest(session, workload, 16)  # warm start from the closest tuned workload
-            if near is not None:
-                seeds.append(TileConfig.from_dict(near[0]["config"]))
+            seeds = warm_start_configs(session, workload_id, workload)
         self.on_event(
             "job_started", {"job_id": job_id, "workload_key": workload.key, "budget": budget, "attempt": attempt}
         )

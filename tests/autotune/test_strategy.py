@@ -1,9 +1,10 @@
 """The default strategy (TPE with a local search, autotune.samplers.local_search): the local step proposes
 unmeasured valid one-step neighbours, starting at the warm start, its state lives in the study,
-and on the committed tables it gets within 2% of the best in at most a fifth of the table."""
+and on every committed table its regret after 20 trials is at most 3%."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from autotune.replay import TABLES as TABLES_DIR
 from autotune.replay import RecordedTable, ReplayMeasurer
-from autotune.samplers import PENALTY_MS, make_sampler
+from autotune.samplers import PENALTY_MS
 from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR, LocalSearchSampler
 from autotune.search import SearchOptions, run_search
 from autotune.space import ParamCoding, SearchSpace
@@ -21,9 +22,8 @@ from kernel.heuristic import heuristic_config
 from .test_search import WORKLOAD, FakeMeasurer
 
 TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
-WITHIN = 0.02  # the shipped format-1 tables hold 3-10 runs per config: too few for a tied set (autotune.compare)
-# The tables the strategy was chosen on (any other committed table is a held-out check, see the README).
-TUNED_ON = ("cpu-demo", "small-mixed", "text-prefix-spatial")
+BUDGET = 20
+MAX_REGRET = 0.03
 
 
 def _steps(coding: ParamCoding, a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -38,7 +38,7 @@ def _is_neighbour(coding: ParamCoding, a: dict[str, Any], b: dict[str, Any]) -> 
     return not coding.is_ordinal(name) or abs(int(x) - int(y)) == 1
 
 
-def test_the_descent_starts_at_the_warm_start_and_only_steps_to_unmeasured_valid_neighbours(tmp_path: Any) -> None:
+def test_the_local_step_starts_at_the_warm_start_and_only_steps_to_unmeasured_valid_neighbours(tmp_path: Any) -> None:
     space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
     coding = ParamCoding(space)
     storage = f"sqlite:///{tmp_path / 's.db'}"
@@ -67,9 +67,10 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
     def proposal(study: optuna.Study) -> Any:
         # A new trial with no params yet, as a worker's ask creates it (study.ask would pop the enqueued one).
         frozen = study._storage.get_trial(study._storage.create_new_trial(study._study_id))
-        sampler = make_sampler("tpe", space, 1, 8)
-        assert isinstance(sampler, LocalSearchSampler)
-        again = LocalSearchSampler(space, optuna.samplers.RandomSampler(), seed=1, penalty=PENALTY_MS)
+        # A long period keeps the base sampler's turns out of the way: this test is about the local step.
+        tpe = optuna.samplers.TPESampler(seed=1, multivariate=True)
+        sampler = LocalSearchSampler(space, tpe, seed=1, penalty=PENALTY_MS, period=1000)
+        again = LocalSearchSampler(space, optuna.samplers.RandomSampler(), seed=1, penalty=PENALTY_MS, period=1000)
         first, second = (
             sampler.local_proposal(study, frozen, search_space),
             again.local_proposal(study, frozen, search_space),
@@ -79,21 +80,25 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
 
     study = optuna.load_study(study_name="s", storage=storage)
     first = proposal(study)
-    assert first is not None  # still descending from the heuristic
+    assert first is not None  # a local step around the best config so far
     params, _ = first
     study.enqueue_trial(params)  # another worker took it
     second = proposal(optuna.load_study(study_name="s", storage=storage))
     assert second is not None and second[0] != params
 
 
-@pytest.mark.parametrize("path", [p for p in TABLES if p.name.split(".")[0] in TUNED_ON], ids=lambda p: p.name)
-def test_default_strategy_gets_within_2pct_in_a_fifth_of_each_table(path: Path) -> None:
-    """On the replay backend (deterministic), for seeds 0-2: the issue's figure is a median
-    over seeds of at most 20% of the table; here every one of three seeds must make it."""
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.name)
+def test_default_strategy_regret_at_20_trials_is_at_most_3pct_on_every_table(path: Path) -> None:
+    """The issue's target on every committed table, held-out ones included (the README says which):
+    after 20 measured trials the best config found has a recorded median at most 3% over the table's
+    fastest, for the median of seeds 0-4 (the replay backend is deterministic)."""
     table = RecordedTable.load(path)
-    target = (table.best[1].median_ms or 0.0) * (1 + WITHIN)
-    budget = len(table.entries) // 5
-    for seed in range(3):
-        result = run_search(table.space(), ReplayMeasurer(table), SearchOptions(trials=budget, seed=seed, prune=False))
+    fastest = table.best[1].median_ms
+    assert fastest is not None
+    regrets = []
+    for seed in range(5):
+        options = SearchOptions(trials=BUDGET, seed=seed, prune=False)
+        result = run_search(table.space(), ReplayMeasurer(table), options, finalize=False)
         ok = [t.measurement.median_ms for t in result.trials if t.measurement.status == "ok"]
-        assert min(m for m in ok if m is not None) <= target, f"seed {seed}: not within 2% in {budget} trials"
+        regrets.append(min(m for m in ok if m is not None) / fastest)
+    assert statistics.median(regrets) <= 1 + MAX_REGRET, f"regret@{BUDGET} per seed: {regrets}"

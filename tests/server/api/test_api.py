@@ -295,14 +295,14 @@ def test_database_down_is_503_not_500() -> None:
         assert down.status_code == 503 and "database" in down.json()["message"]
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)  # SQLite has one writer at a time
 def test_publishes_are_serialized_on_postgresql(db: Database) -> None:
     """Tuned-config ids commit in increasing order, so no row ever appears below a snapshot already handed out."""
     import threading
 
     from sqlalchemy import func, select
 
-    if db.dialect != "postgresql":
-        pytest.skip("SQLite has one writer at a time")
+    assert db.dialect == "postgresql"
     with db.transaction() as session:
         row = workloads.workload_row(session, as_workload(workload_body()))
     done = threading.Event()

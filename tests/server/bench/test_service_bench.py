@@ -6,6 +6,7 @@ structure, that requests succeeded, and internal consistency (p99 >= p50).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -135,6 +136,19 @@ def test_bare_app_answers_a_constant() -> None:
     with TestClient(bare_app()) as client:
         response = client.post(BARE_PATH, content=b'{"anything": 1}')
     assert response.status_code == 200 and response.json() == BARE_BODY
+
+
+def test_bare_and_lookup_routes_run_alike() -> None:
+    """Both on the event loop (or both in the thread pool): a plain ``def`` route pays a thread-pool hop
+    an ``async def`` one does not, and the ratio would measure that instead of the lookup's own work."""
+    from server.api.lookup import router
+
+    def endpoint(routes: Any, path: str) -> Any:
+        return next(r.endpoint for r in routes if getattr(r, "path", None) == path)
+
+    bare = endpoint(bare_app().routes, BARE_PATH)
+    lookup = endpoint(router.routes, "/v1/lookup")
+    assert inspect.iscoroutinefunction(bare) == inspect.iscoroutinefunction(lookup)
 
 
 def test_a_server_that_does_not_start_is_reported_with_its_stderr() -> None:

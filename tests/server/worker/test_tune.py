@@ -3,6 +3,7 @@ as trials, the study completes, and the wrong config never wins; results land in
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from kernel.workload import Workload
 from server.cli import app as cli
 from server.store import models, records, workloads
 from server.store.db import Database
-from server.worker.tune import tune_workload
+from server.store.migrate import upgrade
+from server.worker.tune import tune_workload, warm_start_configs
 
 WORKLOAD = Workload(
     "cpu",
@@ -107,3 +109,39 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
     assert report["best"]["speedup"] > 0
     history = CliRunner().invoke(cli, ["history", report["workload_key"], "--database-url", url, "--json"])
     assert len(json.loads(history.stdout)["items"]) >= 4
+
+
+def test_warm_starts_are_the_own_config_then_the_three_nearest_tuned_workloads_of_the_family(tmp_path: Any) -> None:
+    """The database's knowledge that starts a search: the workload's current config, then the configs
+    of its nearest tuned neighbours (same device kind, backend, family), closest first; a fourth
+    neighbour and another family's config stay out."""
+    url = f"sqlite:///{tmp_path / 'seeds.db'}"
+    upgrade(url)
+    db = Database(url)
+    heuristic = heuristic_config(WORKLOAD.pattern, "xla", "float32")
+
+    def with_frames(frames: int, heads: tuple[HeadPattern, ...] = WORKLOAD.pattern.heads) -> Workload:
+        return dataclasses.replace(WORKLOAD, pattern=SparsityPattern(VideoLayout(frames, 64), heads))
+
+    def config(block_q: int) -> dict[str, Any]:
+        return dataclasses.replace(heuristic, block_q=block_q).to_dict()
+
+    tuned = [
+        (WORKLOAD, 8),  # its own config
+        (with_frames(5), 16),
+        (with_frames(6), 32),
+        (with_frames(12), 64),
+        (with_frames(40), 128),  # a fourth neighbour, the farthest
+        (with_frames(5, (HeadPattern.dense(),)), 256),  # another family
+    ]
+    try:
+        with db.transaction() as session:
+            for wl, block_q in tuned:
+                row = workloads.workload_row(session, wl)
+                records.publish_tuned_config(session, row, config(block_q), median_ms=1.0, versions={})
+            own = workloads.workload_row(session, WORKLOAD).id
+        with db.transaction() as session:
+            seeds = warm_start_configs(session, own, WORKLOAD)
+    finally:
+        db.dispose()
+    assert [c.block_q for c in seeds] == [8, 16, 32, 64]
