@@ -2,16 +2,18 @@
 
 One run, on one machine, measures:
 
-- ``lookup_empty``: ``POST /v1/lookup`` on the migrated but empty database
-  (every request falls through to the heuristic);
-- then, once N workloads, M trials and the tuned configs of most workloads are
-  written, in turn (``--rounds`` windows each, A B C A B C ..., so a drift of the
-  machine's background load touches all three alike):
+- once N workloads, M trials and the tuned configs of most workloads are
+  written, in turn (``--rounds`` windows each, A B C D A B C D ..., so a drift of
+  the machine's background load touches all four alike):
   ``bare``, a bare FastAPI POST route returning a constant body (the floor of
-  uvicorn + FastAPI + the HTTP client on this machine); ``lookup``, the same
-  lookup requests as ``lookup_empty`` (most hit ``tuned``, ``--miss-fraction``
-  go to ``nearest``); ``history``, ``GET /v1/workloads/{key}/history?limit=50``
-  on the workloads with the most trials;
+  uvicorn + FastAPI + the HTTP client on this machine); ``lookup_empty``, the
+  lookup requests on a second, migrated but empty database of the same kind
+  (every request falls through to the heuristic; a temporary SQLite file, or a
+  temporary database created beside the given PostgreSQL one and dropped
+  afterwards); ``lookup``, the same requests on the seeded database (most hit
+  ``tuned``, ``--miss-fraction`` go to ``nearest``); ``history``,
+  ``GET /v1/workloads/{key}/history?limit=50`` on the workloads with the most
+  trials;
 - then, unless ``--no-abuse``, in turn again: ``lookup_quiet``, the same lookups, and
   ``lookup_abused``, the same lookups while one more client sends the worst requests the
   service's limits allow (:mod:`server.bench.abuse`: the largest bodies, the largest
@@ -38,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
 from server.api.limits import max_json_structure
 from server.bench import BenchError
@@ -138,6 +142,38 @@ class ServiceBenchOptions:
                 raise BenchError(f"--{name.replace('_', '-')} must be in [0, 1]")
 
 
+@contextlib.contextmanager
+def empty_twin(url: str) -> Iterator[str]:
+    """A migrated, empty database of the same kind as ``url`` for the duration of the block: a
+    temporary SQLite file, or a temporary database on the same PostgreSQL server (the bench's
+    role needs CREATEDB; without it, say ``--no-compare-empty``). Dropped on exit."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="tiletune-bench-empty-") as tmp:
+            twin = f"sqlite:///{Path(tmp) / 'empty.db'}"
+            prepare_database(twin)
+            yield twin
+        return
+    name = f"{parsed.database}_bench_empty_{os.getpid()}"
+    admin = create_engine(parsed, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except SQLAlchemyError as exc:
+        admin.dispose()
+        first = str(exc).strip().splitlines()[0]
+        raise BenchError(f"cannot create the empty database to compare with ({first}): use --no-compare-empty") from exc
+    twin = parsed.set(database=name).render_as_string(hide_password=False)
+    try:
+        prepare_database(twin)
+        yield twin
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
@@ -166,22 +202,24 @@ def run_service_bench(opts: ServiceBenchOptions, progress: Callable[[str], None]
         lookups = lookup_requests(plan, miss_fraction=opts.miss_fraction, seed=opts.seed)
         phases: dict[str, dict[str, Any]] = {}
         abuse: dict[str, Any] | None = None
-        if opts.compare_empty:
-            say("phase lookup_empty: lookups on the empty database")
-            with serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app:
-                empty = LoadTarget("lookup_empty", app.base_url, lookups, source_label, app)
-                phases.update(drive_load([empty], **opts.load()))
         say(f"seeding {opts.workloads:,} workloads and {opts.trials:,} trials")
         seeded = seed_database(url, plan, opts.trials, seed=opts.seed, progress=say)
-        say("phases bare, lookup, history (in turn)")
-        with (
-            serving(BARE_TARGET, workers=opts.workers, database_url=url, name="bare") as bare,
-            serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune") as app,
-        ):
+        with contextlib.ExitStack() as stack:
+            bare = stack.enter_context(serving(BARE_TARGET, workers=opts.workers, database_url=url, name="bare"))
+            app = stack.enter_context(serving(APP_TARGET, workers=opts.workers, database_url=url, name="tiletune"))
             targets = [
                 LoadTarget(
                     "bare", bare.base_url, [BenchRequest("POST", BARE_PATH, r.body) for r in lookups], None, bare
-                ),
+                )
+            ]
+            if opts.compare_empty:
+                empty_url = stack.enter_context(empty_twin(url))
+                empty = stack.enter_context(
+                    serving(APP_TARGET, workers=opts.workers, database_url=empty_url, name="tiletune-empty")
+                )
+                targets.append(LoadTarget("lookup_empty", empty.base_url, lookups, source_label, empty))
+            say(f"phases {', '.join(t.name for t in targets)}, lookup, history (in turn)")
+            targets += [
                 LoadTarget("lookup", app.base_url, lookups, source_label, app),
                 LoadTarget(
                     "history",
