@@ -25,6 +25,12 @@ def tune(
     ] = 300,
     sampler: Annotated[str, typer.Option(help="tpe | tpe-plain | random | grid | gp | brute")] = "tpe",
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
+    warm_start: Annotated[
+        bool,
+        typer.Option(
+            help="Measure first the heuristic, this workload's tuned config and the nearest tuned workloads' configs"
+        ),
+    ] = True,
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (preset default; float32 on xla)")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
     database_url: DatabaseOpt = None,
@@ -68,7 +74,7 @@ def tune(
             best=f"best {best:.3f} ms" if best else "best -",
         )
 
-    options = SearchOptions(trials=trials, sampler=sampler, seed=seed, timeout_s=timeout)
+    options = SearchOptions(trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, warm_start=warm_start)
     try:
         with progress:
             outcome = tune_workload(

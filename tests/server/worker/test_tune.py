@@ -98,6 +98,7 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
             "2",
             "--database-url",
             url,
+            "--no-warm-start",
             "--json",
         ],
     )
@@ -106,9 +107,18 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
 
     report = json.loads(result.stdout)
     assert report["measured"] == 4 and report["best"]["tuned_config_id"] is not None
-    assert report["best"]["speedup"] > 0
+    # Both anchors were timed beside the winner, and the speedups shown are over them.
+    for anchor, speedup in (("dense", "speedup"), ("tiled_dense", "speedup_vs_tiled_dense")):
+        expected = report["anchors_ms"][anchor] / report["best"]["median_ms"]
+        assert report["best"][speedup] == pytest.approx(expected, rel=0.01)
     history = CliRunner().invoke(cli, ["history", report["workload_key"], "--database-url", url, "--json"])
-    assert len(json.loads(history.stdout)["items"]) >= 4
+    items = json.loads(history.stdout)["items"]
+    assert len(items) >= 4
+    # --no-warm-start: the search did not begin with the heuristic (seed 0 of plain TPE's random start does not)
+    wl = Workload.from_dict({**json.loads(spec.read_text()), "device_kind": "cpu", "backend": "xla", "batch": 1})
+    heuristic = heuristic_config(wl.pattern, "xla", "float32").to_dict()
+    first = min(items, key=lambda t: t["number"] if t.get("number") is not None else 10**9)
+    assert first["params"] != heuristic
 
 
 def test_warm_starts_are_the_own_config_then_the_three_nearest_tuned_workloads_of_the_family(tmp_path: Any) -> None:
