@@ -73,6 +73,31 @@ def tied_set(runs: Mapping[K, Sequence[float]]) -> list[K]:
     return [k for k in order if not slower(usable[k], best)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Speedup:
+    """``numerator`` over ``denominator`` for runs taken side by side: the ratio of each pair of runs
+    taken in the same round at the same position, summarised by its median and 10th-90th percentiles,
+    so a speedup is stated with its own spread rather than as a ratio of two medians."""
+
+    median: float
+    p10: float
+    p90: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x (p10-p90 {self.p10:.2f}-{self.p90:.2f})"
+
+
+def speedup(numerator: Sequence[float], denominator: Sequence[float]) -> Speedup | None:
+    """The speedup of the ``denominator`` runs over the ``numerator`` runs, pair by pair (see
+    :class:`Speedup`); None without pairs. Both must come from the same :func:`interleaved` rounds."""
+    n = min(len(numerator), len(denominator))
+    if n == 0 or min(denominator[:n]) <= 0:
+        return None
+    ratios = np.asarray(numerator[:n], dtype=float) / np.asarray(denominator[:n], dtype=float)
+    p10, median, p90 = np.percentile(ratios, [10, 50, 90])
+    return Speedup(float(median), float(p10), float(p90))
+
+
 def interleaved(
     candidates: Iterable[K], visit: Callable[[K], Sequence[V]], rounds: int, seed: int = 0
 ) -> dict[K, list[V]]:

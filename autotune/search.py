@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import optuna
 
-from autotune.compare import interleaved, tied_set
+from autotune.compare import Speedup, interleaved, speedup, tied_set
 from autotune.measure import Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
@@ -102,6 +102,10 @@ class SearchResult:
     def anchor_ms(self, anchor: str) -> float | None:
         stats = RunStats.of(self.anchors.get(anchor, ()))
         return stats.median_ms if stats else None
+
+    def speedup(self, anchor: str) -> Speedup | None:
+        """The winner's speedup over ``anchor``, pair by pair over the rounds they were timed in."""
+        return speedup(self.anchors.get(anchor, ()), self.best_runs_ms)
 
     @property
     def best_stats(self) -> RunStats | None:

@@ -4,12 +4,14 @@ and the settings the commands read."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
+    from autotune.compare import Speedup
     from server.settings import Settings
 
 # Progress, log lines and errors go to stderr (soft-wrapped: a log line stays whole in a file);
@@ -55,16 +57,28 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def speedups(median_ms: float | None, dense_ms: float | None, tiled_dense_ms: float | None) -> str:
-    """A winner's speedups over its two anchors, named (both timed beside it in interleaved rounds);
-    empty when neither anchor was timed."""
+def speedups(
+    median_ms: float | None,
+    dense_ms: float | None,
+    tiled_dense_ms: float | None,
+    spread: Mapping[str, Speedup | None] | None = None,
+) -> str:
+    """A winner's speedups over its two anchors, named (both timed beside it in interleaved rounds),
+    with their p10-p90 spread where the runs are at hand (``spread`` by anchor name); empty when
+    neither anchor was timed."""
     if not median_ms:
         return ""
+    spread = spread or {}
+
+    def over(name: str, anchor_ms: float) -> str:
+        measured = spread.get(name)
+        return str(measured) if measured is not None else f"{anchor_ms / median_ms:.2f}x"
+
     parts = []
     if dense_ms:
-        parts.append(f"{dense_ms / median_ms:.2f}x over jax.nn.dot_product_attention")
+        parts.append(f"{over('dense', dense_ms)} over jax.nn.dot_product_attention")
     if tiled_dense_ms:
-        parts.append(f"{tiled_dense_ms / median_ms:.2f}x over tiled dense (these tiles, all-dense pattern)")
+        parts.append(f"{over('tiled_dense', tiled_dense_ms)} over tiled dense (these tiles, all-dense pattern)")
     return ", " + " and ".join(parts) if parts else ""
 
 

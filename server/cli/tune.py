@@ -107,6 +107,9 @@ def tune(
             "tied_finalists": [c.to_dict() for c in result.tied],
             "speedup": _over(result.dense_ms, result.best_median_ms),
             "speedup_vs_tiled_dense": _over(result.anchor_ms("tiled_dense"), result.best_median_ms),
+            "speedup_p10_p90": {  # per pair of runs taken side by side (autotune.compare.speedup)
+                name: [s.p10, s.p90] for name in ("dense", "tiled_dense") if (s := result.speedup(name)) is not None
+            },
             "tuned_config_id": outcome.tuned_config_id,
         },
         "top": [
@@ -135,7 +138,8 @@ def tune(
     )
     if result.best is not None:
         best = report["best"]
-        speed = speedups(result.best_median_ms, result.dense_ms, result.anchor_ms("tiled_dense"))
+        spread = {name: result.speedup(name) for name in ("dense", "tiled_dense")}
+        speed = speedups(result.best_median_ms, result.dense_ms, result.anchor_ms("tiled_dense"), spread)
         tied = f", {len(result.tied)} of them tied within the noise" if len(result.tied) > 1 else ""
         console.print(
             f"[bold]winner[/bold] (re-timed in interleaved rounds against the top {len(result.finalists)}{tied}): "

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.compare import MIN_EFFECT, difference, interleaved, slower, tied_set
+from autotune.compare import MIN_EFFECT, difference, interleaved, slower, speedup, tied_set
 
 
 def runs(median: float, spread: float, n: int, seed: int) -> list[float]:
@@ -62,3 +62,16 @@ def test_interleaved_visits_every_candidate_once_per_round_in_fresh_orders() -> 
     assert [sorted(visits[i : i + 3]) for i in range(0, 90, 3)] == [["x", "y", "z"]] * 30
     assert len({tuple(visits[i : i + 3]) for i in range(0, 90, 3)}) > 1  # the order changes between rounds
     assert {k: len(v) for k, v in out.items()} == {"x": 30, "y": 30, "z": 30}
+
+
+def test_speedup_pairs_runs_taken_side_by_side() -> None:
+    """A drift that slows both sides of each pair alike leaves the paired ratio exact, where a ratio of
+    medians of unpaired runs would not know which runs belong together."""
+    winner = [1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0]  # the machine's load changes between rounds
+    anchor = [5 * w for w in winner]
+    s = speedup(anchor, winner)
+    assert s is not None and (s.median, s.p10, s.p90) == pytest.approx((5.0, 5.0, 5.0))
+    noisy = speedup([5.0, 6.0, 4.0, 5.5, 4.5, 5.0, 6.0, 4.0, 5.5, 4.5], [1.0] * 10)
+    assert noisy is not None and noisy.p10 < noisy.median < noisy.p90 and noisy.median == pytest.approx(5.0)
+    assert speedup([], [1.0]) is None and speedup([1.0], [0.0]) is None
+    assert str(speedup([3.0, 3.0], [1.0, 1.0])) == "3.00x (p10-p90 3.00-3.00)"

@@ -111,6 +111,8 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
     for anchor, speedup in (("dense", "speedup"), ("tiled_dense", "speedup_vs_tiled_dense")):
         expected = report["anchors_ms"][anchor] / report["best"]["median_ms"]
         assert report["best"][speedup] == pytest.approx(expected, rel=0.01)
+        low, high = report["best"]["speedup_p10_p90"][anchor]  # stated with its spread
+        assert 0 < low <= high
     history = CliRunner().invoke(cli, ["history", report["workload_key"], "--database-url", url, "--json"])
     items = json.loads(history.stdout)["items"]
     assert len(items) >= 4
