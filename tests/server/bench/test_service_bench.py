@@ -270,8 +270,6 @@ def test_run_service_bench_tiny(tmp_path: Path) -> None:
     seed = report["seed"]
     assert (seed["workloads"], seed["trials"]) == (50, 500)
     ratios = report["ratios"]
-    assert ratios["lookup_rps_over_bare_rps"] > 0
-    assert ratios["lookup_p99_seeded_over_empty"] > 0
     assert ratios["history_p99_ms"] == report["phases"]["history"]["p99_ms"]
     assert report["options"]["database"] == "sqlite"
 
