@@ -343,12 +343,12 @@ def lock_waiters(db: Database) -> int:
         return int(conn.execute(waiting).scalar_one())
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)  # SQLite: the claim waits for the commit
 def test_a_claim_racing_the_finish_of_a_stalled_worker_neither_deadlocks_nor_reopens_the_job(db: Database) -> None:
     """A worker whose lease ran out finishes its job while another worker claims it. The finish
     locks the job row before any lease, as a claim does: the claim skips the job (or waits and
     then finds it done) instead of deadlocking with it or taking the done job back to running."""
-    if db.dialect != "postgresql":
-        pytest.skip("SQLite has one writer at a time: the claim waits for the finish to commit")
+    assert db.dialect == "postgresql"
     (job_id,) = queue_jobs(db, 1)
     with db.transaction() as session:
         assert queue.claim_job(session, "stalled", device_kind="cpu", backend="xla") is not None
