@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 from typing import Any
 
 TPU_EXTRA_HINT = "pip install -e '.[tpu]'"
@@ -83,6 +84,10 @@ def target_device(name: str) -> Any:
     created once per process."""
     target = tpu_target(name)
     require_libtpu()
+    # libtpu takes /tmp/libtpu_lockfile so that one process owns a host's TPU chips; a
+    # compile-only target owns no chip, so several compiling processes (a test run beside
+    # a compile bench) may load it. Only set when the caller has not chosen.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     try:

@@ -81,9 +81,9 @@ def test_heads_placed_differently_compile(generation: str, variant: str) -> None
     assert outcome.memory["argument_size_in_bytes"] > 0
 
 
-@pytest.mark.parametrize("variant", ["naive", "split", "compact"])
-def test_heads_placed_differently_match_the_reference(variant: str) -> None:
-    config = TileConfig(variant, 128, 256, 128, "temporal_major", "frame", "all")  # type: ignore[arg-type]
+def test_heads_placed_differently_match_the_reference() -> None:
+    """The fixed decoding is shared by every variant (test_exactness runs them all on mixed heads)."""
+    config = TileConfig("compact", 128, 256, 128, "temporal_major", "frame", "all")
     assert max_error(PLACED, config, "float32", head_dim=16) <= TOLERANCE["float32"]
 
 
