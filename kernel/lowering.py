@@ -3,8 +3,9 @@
 ``jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`` runs the Pallas
 to Mosaic lowering without a TPU: illegal block shapes (the (8, 128) tiling
 rule), unsupported primitives and SMEM/scalar-prefetch misuse are rejected in
-milliseconds. Mosaic's own layout passes run only in the real compile on a TPU
-host, so passing this gate is necessary, not sufficient.
+milliseconds. Mosaic's own layout passes and the SMEM/VMEM allocation run only
+in the real compile (:mod:`kernel.tpu_compile`, on any machine with libtpu), so
+passing this gate is necessary, not sufficient.
 """
 
 from __future__ import annotations
