@@ -44,6 +44,19 @@ def set_config_resolver(resolver: ConfigResolver | None) -> None:
     _resolver = resolver
 
 
+class NoTpuDeviceError(ValueError):
+    """``backend='tpu'`` on a machine without a TPU: the kernel can be compiled for TPU here
+    (:mod:`kernel.tpu_compile`), but running and timing it needs the device."""
+
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+        super().__init__(
+            f"backend='tpu' runs the kernel on a TPU device and this machine has {platform!r}; "
+            "compiling for TPU works here without one (kernel.tpu_compile), running and timing need the device; "
+            "use 'interpret' for correctness or 'xla' for timing"
+        )
+
+
 def resolve_backend(backend: str, platform: str | None = None) -> str:
     """The concrete backend of ``backend`` on ``platform`` (default: this process's
     ``jax.default_backend()``, which initialises JAX's backends)."""
@@ -53,10 +66,7 @@ def resolve_backend(backend: str, platform: str | None = None) -> str:
     if backend == "auto":
         return "tpu" if platform == "tpu" else "xla"
     if backend == "tpu" and platform != "tpu":
-        raise ValueError(
-            f"backend='tpu' needs a TPU device (this machine has {platform!r}); "
-            "use 'interpret' for correctness or 'xla' for timing"
-        )
+        raise NoTpuDeviceError(platform)
     return backend
 
 

@@ -6,10 +6,12 @@ Every rule is checked before any compile, so an invalid point is never measured:
    block_kv_compute multiples of 128 lanes, block_kv_compute dividing block_kv
    (:meth:`kernel.config.TileConfig.check_tpu`);
  - padding: frame alignment and rounding the sequence up to whole tiles may add
-   at most ``max_padding`` (25%) extra tokens;
+   at most ``max_padding`` (25%) extra tokens, or, when no tile size of the grid
+   does (a short sequence), no more than the least any does (:func:`padding_bound`);
  - memory (TPU): the kernel's VMEM per grid step and its scalar-prefetched SMEM
    tables within the chip generation's budget (:mod:`kernel.budget`).
-Choices that cannot matter are left out: ``layout`` only when some head is
+On TPU, q tiles below 128 rows join the grid for short sequences only
+(:func:`kernel.config.short_q_tiles`). Choices that cannot matter are left out: ``layout`` only when some head is
 temporal, ``head_grouping`` only with several distinct head patterns, and on the
 ``xla`` backend ``split`` (the same XLA program as ``compact``) and
 ``block_kv_compute`` (always block_kv; 0 in the grid).
@@ -17,12 +19,15 @@ temporal, ``head_grouping`` only with several distinct head patterns, and on the
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Sequence
+from math import lcm
 from typing import Any
 
 from kernel.budget import budget_violation
-from kernel.config import HEAD_GROUPINGS, TileConfig
+from kernel.config import HEAD_GROUPINGS, MAX_PADDING, TileConfig, short_q_tiles
+from kernel.layout import VideoLayout
 from kernel.placement import TokenPlacement, round_up
 from kernel.workload import BACKENDS, Workload
 
@@ -30,7 +35,6 @@ XLA_BLOCKS = (32, 64, 128, 256, 512)
 TPU_BLOCKS_Q = (128, 256, 512, 1024, 2048)
 TPU_BLOCKS_KV = (128, 256, 512, 1024, 2048)
 TPU_BLOCKS_KV_COMPUTE = (128, 256, 512, 1024)
-MAX_PADDING = 0.25
 
 
 def tpu_like(backend: str) -> bool:
@@ -51,7 +55,8 @@ def dimensions(
     tpu = tpu_like(backend)
     return {
         "variant": ("naive", "split", "compact") if tpu else ("naive", "compact"),
-        "block_q": tuple(blocks_q) or (TPU_BLOCKS_Q if tpu else XLA_BLOCKS),
+        "block_q": tuple(blocks_q)
+        or ((*short_q_tiles(pattern.seq_len, workload.dtype), *TPU_BLOCKS_Q) if tpu else XLA_BLOCKS),
         "block_kv": tuple(blocks_kv) or (TPU_BLOCKS_KV if tpu else XLA_BLOCKS),
         "block_kv_compute": TPU_BLOCKS_KV_COMPUTE if tpu else (0,),
         "layout": ("frame_major", "temporal_major") if temporal else ("frame_major",),
@@ -88,10 +93,50 @@ def grid(dims: dict[str, tuple[Any, ...]]) -> Iterator[TileConfig]:
 
 def padding(workload: Workload, config: TileConfig) -> float:
     """Extra slots over real tokens, as a fraction (frame alignment and tile rounding)."""
-    pattern = workload.pattern
-    length = TokenPlacement.build(pattern.layout, "frame_major", config.align_unit).length
-    slots = max(round_up(length, config.block_q), round_up(length, config.block_kv))
-    return slots / pattern.seq_len - 1.0
+    return _layout_padding(workload.pattern.layout, config.block_q, config.block_kv, config.align_unit)
+
+
+def _layout_padding(layout: VideoLayout, block_q: int, block_kv: int, align_unit: int) -> float:
+    length = TokenPlacement.build(layout, "frame_major", align_unit).length
+    slots = max(round_up(length, block_q), round_up(length, block_kv))
+    return slots / layout.seq_len - 1.0
+
+
+def padding_bound(workload: Workload, dims: dict[str, tuple[Any, ...]], max_padding: float = MAX_PADDING) -> float:
+    """The padding a config of ``dims`` may add: ``max_padding``, or the least padding of any
+    (block_q, block_kv, align) of the grid when none stays within it.
+
+    A short sequence can have no tile size within the bound (160 tokens in 128-wide kv tiles
+    pad by 60%, and kv tiles cannot be narrower on TPU); its space then holds the configs that
+    pad least rather than nothing, so every workload can be tuned and its heuristic is a point
+    of its space.
+    """
+    return _padding_bound(
+        workload.pattern.layout,
+        workload.dtype,
+        dims["block_q"],
+        dims["block_kv"],
+        dims["align"],
+        max_padding,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _padding_bound(
+    layout: VideoLayout,
+    dtype: str,
+    blocks_q: tuple[int, ...],
+    blocks_kv: tuple[int, ...],
+    aligns: tuple[str, ...],
+    max_padding: float,
+) -> float:
+    least = None
+    for block_q, block_kv, align in itertools.product(blocks_q, blocks_kv, aligns):
+        extra = _layout_padding(layout, block_q, block_kv, lcm(block_q, block_kv) if align == "frame" else 0)
+        if extra <= max_padding:
+            return max_padding
+        least = extra if least is None else min(least, extra)
+    return max_padding if least is None else least
 
 
 def violation(
@@ -121,7 +166,10 @@ def violation(
     if config.block_kv % config.block_kv_compute:
         return "block_kv_compute must divide block_kv"
     extra = padding(workload, config)
-    if extra > max_padding:
+    bound = padding_bound(workload, dims, max_padding)
+    if extra > bound + 1e-9:
+        if bound > max_padding:
+            return f"padding: {extra:.0%} extra tokens > {bound:.0%}, the least any tile size of the grid pads"
         return f"padding: {extra:.0%} extra tokens > {max_padding:.0%}"
     if tpu:
         return budget_violation(

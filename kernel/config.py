@@ -32,6 +32,9 @@ HEAD_GROUPINGS: tuple[str, ...] = ("all", "by_pattern")
 TPU_LANES = 128
 TPU_SUBLANES = {"float32": 8, "bfloat16": 16}
 MAX_BLOCK = 1 << 16
+# Extra slots (padding the sequence to whole tiles, frame alignment) a search admits, as a
+# fraction of the real tokens, while some config stays within it.
+MAX_PADDING = 0.25
 # Backends that run the Pallas kernel, whose blocks Mosaic tiles: interpret mode emulates the TPU.
 TPU_TILED_BACKENDS: tuple[str, ...] = ("tpu", "interpret")
 
@@ -50,6 +53,25 @@ def max_tile(seq_len: int) -> int:
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     return max(TPU_LANES, 1 << (seq_len - 1).bit_length())
+
+
+def short_q_tiles(seq_len: int, dtype: str, max_padding: float = MAX_PADDING) -> tuple[int, ...]:
+    """q tiles below one lane tile (128 rows) worth trying on TPU for a sequence of ``seq_len``
+    tokens: the powers of two from the sublane count of ``dtype`` (8 rows for f32, 16 for
+    bf16) to 64, only when a 128-row tile alone pads the sequence by more than
+    ``max_padding`` (4 frames of 40 tokens: 160 tokens in 256 rows). Longer sequences keep
+    tiles of at least 128 rows, whose larger DMAs win there.
+
+    The kv tiles cannot shrink below 128 (the lane width of the score tile), but the q
+    tile can, so a short sequence does not have to compute mostly padding rows.
+    """
+    if -(-seq_len // TPU_LANES) * TPU_LANES <= seq_len * (1 + max_padding):
+        return ()
+    size, tiles = TPU_SUBLANES.get(dtype, 8), []
+    while size < TPU_LANES:
+        tiles.append(size)
+        size *= 2
+    return tuple(tiles)
 
 
 def params_key(params: Mapping[str, Any]) -> str:

@@ -12,7 +12,11 @@ Rules (each from the TPU study in DESIGN.md section 1 or from the CPU benches):
    512-wide kv tiles computed in 512-wide sub-blocks (large DMAs amortise the
    ~0.35 us per-step overhead); halved while rounding the sequence up to whole
    tiles would pad it by more than 1/8, down to the smallest tile the search
-   space tries (32 on XLA, 128 on TPU), so the heuristic is also its warm start.
+   space tries (32 on XLA; on TPU 128, and for the q tile of a short sequence
+   the sublane count, see :func:`kernel.config.short_q_tiles`), so the heuristic
+   is also its warm start. A short sequence whose every kv tile pads it by over
+   the grid's 25% still finds its heuristic in the space: the space then admits
+   the least padding any tile size gives.
 
 A library client (autotune.client) replaces this by a tuned config; the kernel
 never imports it.
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from math import lcm
 
-from kernel.config import Align, Layout, TileConfig
+from kernel.config import Align, Layout, TileConfig, short_q_tiles
 from kernel.pattern import SparsityPattern
 from kernel.placement import TokenPlacement, round_up
 
@@ -45,7 +49,8 @@ def heuristic_config(pattern: SparsityPattern, backend: str = "xla", dtype: str 
     if backend == "xla":
         block_q = block_kv = _tile(seq, 128, 32)
     else:
-        block_q = block_kv = _tile(seq, 512, 128)
+        block_kv = _tile(seq, 512, 128)
+        block_q = _tile(seq, 512, min(short_q_tiles(seq, dtype), default=128))
     layout: Layout = "temporal_major" if any(h.kind == "temporal" for h in pattern.heads) else "frame_major"
     unit = lcm(block_q, block_kv)
     # Alignment pads every frame, and a text prefix, to whole tiles: count all of it

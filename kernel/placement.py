@@ -182,11 +182,15 @@ def decode_any(placements: tuple[TokenPlacement, ...], slot: Any, code: Any) -> 
     if isinstance(code, int):
         return placements[code].decode(slot)
     decoded = [p.decode(slot) for p in placements]
-    out = list(decoded[0])
+    is_text, is_video, frame, position = decoded[0]
     for i in range(1, len(decoded)):
         chosen = code == i
-        out = [_where(chosen, new, old) for new, old in zip(decoded[i], out, strict=True)]
-    return out[0], out[1], out[2], out[3]
+        # Boolean results are chosen with logic, not a select: Mosaic cannot legalize
+        # ``arith.select`` on i1 vectors (the compile for TPU fails though the lowering passes).
+        is_text = (chosen & decoded[i][0]) | (~chosen & is_text)
+        is_video = (chosen & decoded[i][1]) | (~chosen & is_video)
+        frame, position = _where(chosen, decoded[i][2], frame), _where(chosen, decoded[i][3], position)
+    return is_text, is_video, frame, position
 
 
 def _where(cond: Any, a: Any, b: Any) -> Any:

@@ -325,3 +325,37 @@ def bench_search_cmd(
         print(json.dumps(rows, indent=2))
         return
     print_search_report(rows, out())
+
+
+@bench_app.command("compile")
+def bench_compile_cmd(
+    preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")],
+    generation: Annotated[
+        str, typer.Option(help="TPU generation(s), comma-separated: v4, v5e, v5p, v6e, tpu7x (or device kinds).")
+    ] = "v6e",
+    sample: Annotated[
+        int | None, typer.Option(min=1, help="Compile this many configs (half of them estimated not to fit).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    max_seconds: Annotated[
+        float | None, typer.Option(min=1, help="Per generation: start no compile after this many seconds.")
+    ] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Write the table of estimate/compiler disagreements to this file.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON on stdout.")] = False,
+) -> None:
+    """Compile a preset's TPU space for real TPU generations here (no TPU needed): compile time per config,
+    failures by cause, and where the VMEM/SMEM estimates and the compiler disagree."""
+    from kernel.tpu_targets import TpuCompilerUnavailableError
+    from server.bench.compile import CompileBenchOptions, agreement_markdown, bench_compile, print_compile_report
+
+    reports = []
+    for gen in (g.strip() for g in generation.split(",") if g.strip()):
+        opts = CompileBenchOptions(preset, gen, sample, seed, max_seconds)
+        reports.append(
+            _run(bench_compile, opts, print_compile_report, as_json, errors=(ValueError, TpuCompilerUnavailableError))
+        )
+    if markdown is not None:
+        markdown.write_text(agreement_markdown(reports))
+        err.print(f"wrote the agreement table to {markdown}")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 if TYPE_CHECKING:
     from autotune.compare import Speedup
@@ -53,7 +54,7 @@ def database_url(given: str | None) -> str:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``error: message`` on stderr; the Exit to raise (usage errors exit 2)."""
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {escape(message)}")  # a message's own [brackets] are text, not markup
     return typer.Exit(code)
 
 
@@ -93,3 +94,18 @@ def ints(text: str | None, option: str) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise typer.BadParameter(f"{option} values must be >= 1")
     return values
+
+
+def no_tpu_device(command: str, platform: str) -> typer.Exit:
+    """The one-line error of ``tiletune COMMAND --backend tpu`` on a machine without a TPU: it
+    names what this machine can do for TPU (compile, judge configs) and what only a TPU can
+    (run, time)."""
+    from kernel.tpu_targets import TPU_EXTRA_HINT, libtpu_installed
+
+    how = "" if libtpu_installed() else f" (after {TPU_EXTRA_HINT})"
+    return fail(
+        f"`tiletune {command} --backend tpu` times configs on a TPU device, and this machine has none "
+        f"(JAX platform {platform!r}); here it can only compile for TPU, as a compile-only host{how}: "
+        "`tiletune bench compile --preset P --generation v6e` compiles a space for a TPU generation; "
+        "tune on a TPU VM, or use --backend xla (timing here) or interpret (correctness)"
+    )

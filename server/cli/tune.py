@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out, speedups
+from server.cli.common import DatabaseOpt, JsonOpt, err, fail, no_tpu_device, out, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -40,6 +40,7 @@ def tune(
     from autotune.measure import MeasureOptions
     from autotune.samplers import SAMPLERS
     from autotune.search import SearchOptions
+    from kernel.attention import NoTpuDeviceError
     from server.worker.tune import local_workload, tune_workload
 
     if (preset is None) == (workload is None):
@@ -49,6 +50,8 @@ def tune(
     try:
         spec = json.loads(workload.read_text()) if workload else None
         wl = local_workload(spec, preset, backend, dtype, 1)
+    except NoTpuDeviceError as exc:
+        raise no_tpu_device("tune", exc.platform) from None
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     url = database_url_of(database_url)

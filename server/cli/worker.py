@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from server.cli.common import DatabaseOpt, err, fail, speedups
+from server.cli.common import DatabaseOpt, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -64,6 +64,7 @@ def worker(
     import logging
 
     from autotune.measure import MeasureOptions
+    from kernel.attention import NoTpuDeviceError
     from server.store.migrate import upgrade
     from server.worker.worker import WORKER_BACKENDS, Worker, WorkerOptions
 
@@ -88,6 +89,8 @@ def worker(
     try:
         upgrade(url)
         w = Worker(options, on_event=lambda kind, data: _print_event(kind, data, quiet))
+    except NoTpuDeviceError as exc:
+        raise no_tpu_device("worker", exc.platform) from None
     except (ValueError, RuntimeError, OSError) as exc:
         raise fail(str(exc)) from None
     install_stop_signals(lambda abandon: w.request_stop(abandon), "the worker")

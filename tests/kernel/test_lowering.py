@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernel.attention import prepare_group, sparse_attention
+from kernel.attention import NoTpuDeviceError, prepare_group, sparse_attention
 from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.lowering import TpuLoweringError, lower_for_tpu
@@ -61,6 +61,9 @@ def test_mosaic_itself_rejects_an_illegal_block_shape() -> None:
 
 
 def test_tpu_backend_without_tpu_is_a_clear_error() -> None:
+    """It names what this machine can do for TPU (compile) and what needs the device (run, time)."""
     q = jnp.zeros((2, MIXED.seq_len, 8))
-    with pytest.raises(ValueError, match="needs a TPU"):
+    with pytest.raises(NoTpuDeviceError, match="runs the kernel on a TPU device") as caught:
         sparse_attention(q, q, q, MIXED, backend="tpu")
+    assert "compiling for TPU works here without one" in str(caught.value)
+    assert caught.value.platform == "cpu"
