@@ -197,7 +197,13 @@ def run_search(
             study.enqueue_trial(encoded)
             stale = 0
         trial = study.ask(distributions)
-        config = coding.decode(trial.params)
+        decoded = coding.try_decode(trial.params)
+        if decoded is None:  # no config at all: infeasible, and nothing to record
+            result.invalid += 1
+            stale += 1
+            _tell(study, trial, PENALTY_MS, False)
+            continue
+        config = decoded
         key = config.key
         if key in known:
             value, feasible = known[key]

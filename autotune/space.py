@@ -103,6 +103,15 @@ class ParamCoding:
         values = {k: self.dims[k][int(v)] if self.is_ordinal(k) else v for k, v in params.items()}
         return self.space.config_from(values)
 
+    def try_decode(self, params: dict[str, Any]) -> TileConfig | None:
+        """The config of ``params``, or None when they name no config at all (on TPU-tiled backends,
+        a ``block_kv_compute`` that does not divide ``block_kv``: samplers see the dimensions as
+        independent, the grid does not)."""
+        try:
+            return self.decode(params)
+        except ValueError:
+            return None
+
     def encode(self, config: TileConfig) -> dict[str, Any] | None:
         """Sampler params of ``config``, or None if it lies outside the dimensions."""
         params = self.space.params_of(config)

@@ -164,5 +164,6 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
     def _is_valid(self, params: dict[str, Any]) -> bool:
         key = self._key(params)
         if key not in self._valid:
-            self._valid[key] = self._space.violation(self._coding.decode(params)) is None
+            config = self._coding.try_decode(params)
+            self._valid[key] = config is not None and self._space.violation(config) is None
         return self._valid[key]

@@ -137,3 +137,19 @@ def test_tpe_finds_the_optimum_of_a_smooth_cost() -> None:
     space = SearchSpace(WORKLOAD, "xla")
     result = run_search(space, FakeMeasurer(), SearchOptions(trials=40, seed=0))
     assert result.best is not None and result.best_median_ms == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "tpe-plain", "random"])
+def test_samplers_run_on_tpu_tiled_spaces_where_some_params_name_no_config(sampler: str) -> None:
+    """On the interpret (and tpu) space ``block_kv_compute`` is a dimension of its own, so samplers can
+    propose one larger than ``block_kv``: no config at all. The search counts it invalid and goes on;
+    every config measured is a valid one of the space."""
+    wl = dataclasses.replace(
+        WORKLOAD, backend="interpret", pattern=SparsityPattern(VideoLayout(4, 512), WORKLOAD.pattern.heads)
+    )
+    space = SearchSpace(wl, "interpret")
+    for seed in range(3):
+        measurer = FakeMeasurer()
+        result = run_search(space, measurer, SearchOptions(trials=12, seed=seed, sampler=sampler, prune=False))
+        assert len(result.trials) == 12
+        assert all(space.violation(c) is None for c in measurer.measured)
