@@ -131,5 +131,9 @@ def test_measurer_contract(kind: str, tmp_path: Path) -> None:
     assert len(retimed) == 3 and all(t > 0 for t in retimed)
     live = kind in ("in-process", "supervised")
     assert all((len(runs) == 2 and min(runs) > 0) if live else len(runs) in (0, 2) for runs in anchors)
-    # The winner was timed beside its anchors (a live measurer has them; the shipped tables predate them).
-    assert live == bool(result.anchors) and (not live or set(result.anchors) == {"dense", "tiled_dense"})
+    # The winner was timed beside its anchors: a live measurer has both; a replay answers what its table
+    # recorded (format-2 tables hold dense, and tiled dense for their fastest configs only).
+    if live:
+        assert set(result.anchors) == {"dense", "tiled_dense"}
+    else:
+        assert set(result.anchors) <= {"dense", "tiled_dense"}

@@ -39,7 +39,7 @@ SMALL = {
     },
 }
 CPU_DEMO = {"device_kind": "cpu", "backend": "xla", "dtype": "float32", "preset": "cpu-demo"}
-DEMO_TRIALS = 8
+DEMO_TRIALS = 4
 
 
 class Reader(threading.Thread):

@@ -48,7 +48,7 @@ def test_crash_hang_and_wrong_are_recorded_and_the_study_completes(tmp_path: Any
         database_url=url,
         search=search,
         inject=inject,
-        trial_timeout_s=20,
+        trial_timeout_s=10,  # the injected hang costs this long; a real trial here takes 1-3 s
         measure=MeasureOptions(repeats=2, min_time_s=0.0),
     )
     statuses = {t.config.key: t.measurement.status for t in outcome.result.trials}
