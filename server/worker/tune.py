@@ -29,8 +29,8 @@ def warm_start_configs(session: Session, workload_id: int, workload: Workload) -
     """What the database knows that may start a search near the best: the workload's own current
     config (a re-tune), then the tuned configs of the :data:`NEAREST_SEEDS` nearest workloads of its
     device kind, backend and family, closest first, without repeats. The search measures them right
-    after the kernel's heuristic, and its local steps move around whichever is fastest, so a far-off
-    heuristic costs a trial, not a descent."""
+    after the kernel's heuristic, and its local steps move around whichever is fastest, so a
+    heuristic far from the best is not the only start (what that saves is not measured yet)."""
     found: list[dict[str, Any]] = []
     current = records.current_config(session, workload_id)
     if current is not None:
