@@ -38,7 +38,9 @@ def warm_start_configs(session: Session, workload_id: int, workload: Workload) -
     found += [
         tuned["config"] for tuned, *_ in workloads.nearest_k(session, workload, NEAREST_SEEDS, NEAREST_CANDIDATES)
     ]
-    configs = {TileConfig.from_dict(c).key: TileConfig.from_dict(c) for c in found}
+    configs: dict[str, TileConfig] = {}
+    for config in map(TileConfig.from_dict, found):
+        configs.setdefault(config.key, config)
     return list(configs.values())
 
 
