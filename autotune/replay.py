@@ -213,7 +213,7 @@ def record_table(
         entries[key] = (config, dataclasses.replace(m, runs_ms=timed))
     anchors = {k: tuple(v) for k, v in runs.items() if k not in ok}
     dense = RunStats.of(anchors.get("dense", ()))
-    versions = {k: v for k, v in software_versions().items() if v}
+    versions = {k: v for k, v in software_versions(workload.backend).items() if v}
     return RecordedTable(
         workload,
         workload.backend,

@@ -42,10 +42,10 @@ BACKOFF_S = 0.05  # first retry delay; doubled per attempt, with jitter
 
 
 @functools.cache
-def _versions() -> dict[str, str | None]:
+def _versions(backend: str) -> dict[str, str | None]:
     from autotune.versions import software_versions
 
-    return software_versions()
+    return software_versions(backend)
 
 
 @functools.cache
@@ -216,16 +216,16 @@ class TileClient:
 
     def cache_path(self, wl: Workload) -> Path | None:
         """The disk cache file of ``wl``'s answer (None without a disk cache)."""
-        return None if self.disk is None else self.disk.path(self._cache_key(wl.key))
+        return None if self.disk is None else self.disk.path(self._cache_key(wl.key, wl.backend))
 
-    def _cache_key(self, workload_key: str) -> str:
-        versions = _versions()
+    def _cache_key(self, workload_key: str, backend: str) -> str:
+        versions = _versions(backend)
         parts = [CACHE_FORMAT, self.settings.server_url or "", workload_key, versions, self.settings.snapshot]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
     def _fetch(self, wl: Workload, key: str) -> _Resolved:
         policy = self.settings.miss_policy
-        cache_key = self._cache_key(key)
+        cache_key = self._cache_key(key, wl.backend)
         expired: Answer | None = None
         if self.disk is not None:
             cached = self.disk.get(cache_key, wl, self.settings.snapshot)
@@ -344,7 +344,7 @@ class TileClient:
 
     def _ask_server(self, wl: Workload, key: str, deadline: float, *, enqueue: bool | None = None) -> Answer:
         """The server's answer for ``wl``, every request of it done by ``deadline`` (``time.monotonic()``)."""
-        body: dict[str, Any] = {"workload": wl.canonical(), "versions": _versions()}
+        body: dict[str, Any] = {"workload": wl.canonical(), "versions": _versions(wl.backend)}
         want_enqueue = self._enqueue if enqueue is None else enqueue
         if want_enqueue:
             body["enqueue"] = True

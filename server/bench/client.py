@@ -141,7 +141,7 @@ def run_client_bench(opts: ClientBenchOptions, progress: Callable[[str], None] |
             with db.transaction() as session:
                 row = workloads.workload_row(session, wl)
                 records.publish_tuned_config(
-                    session, row, BENCH_CONFIG.to_dict(), median_ms=1.0, versions=software_versions()
+                    session, row, BENCH_CONFIG.to_dict(), median_ms=1.0, versions=software_versions("xla")
                 )
         finally:
             db.dispose()

@@ -111,7 +111,7 @@ def lookup(
         }
     from autotune.versions import software_versions
 
-    versions = software_versions()
+    versions = software_versions(backend)
     data = _ask(
         "POST",
         "/v1/lookup",

@@ -156,7 +156,7 @@ def run_up(options: UpOptions, console: Console) -> int:
             console.print("service up; Ctrl-C stops it")
             return _watch(children, stop, console)
         workload = local_workload(None, options.preset, backend, None, 1)
-        versions = software_versions()
+        versions = software_versions(workload.backend)
         db = Database(options.database_url)
         with db.transaction() as session:
             row = workloads.workload_row(session, workload)

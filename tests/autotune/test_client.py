@@ -75,7 +75,7 @@ class Served:
         with self.db.transaction() as session:
             row = workloads.workload_row(session, wl)
             tuned = records.publish_tuned_config(
-                session, row, config.to_dict(), median_ms=1.0, versions=versions or software_versions()
+                session, row, config.to_dict(), median_ms=1.0, versions=versions or software_versions(wl.backend)
             )
             return tuned.id
 
@@ -618,7 +618,7 @@ def _worker(served: Served, config: TileConfig, stop: threading.Event) -> thread
                 if job is not None:
                     row = session.get(models.Workload, job.workload_id)
                     assert row is not None
-                    versions = software_versions()
+                    versions = software_versions(row.backend)
                     records.publish_tuned_config(session, row, config.to_dict(), median_ms=1.0, versions=versions)
                     queue.finish_job(session, job.id, "test-worker", "done")
                     return

@@ -97,7 +97,7 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
     # A short demo job proves the same path as the default 40 trials: claimed, searched, re-timed, published.
     argv = ["up", "--database-url", url, "--port", str(port), "--trials", str(DEMO_TRIALS), "--log-dir", str(logs)]
     up = Child("up", tiletune_command(*argv), env=env)
-    versions = {k: v for k, v in software_versions().items() if v is not None}
+    versions = {k: v for k, v in software_versions("xla").items() if v is not None}
     reader = Reader(base, versions)
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
