@@ -14,7 +14,7 @@ import multiprocessing as mp
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Self
 
 from autotune.measure import Measurement, MeasureOptions
 from kernel.config import TileConfig
@@ -65,34 +65,39 @@ class MeasurementAborted(Exception):  # noqa: N818  (not an error: the caller as
     """The measurement in flight was abandoned on request (``abort`` was set); the child is gone."""
 
 
-class Supervisor:
-    """Runs measurements in a child process; restarts it after a crash or a hang."""
+class SupervisedChild:
+    """One spawned child process that answers ``(op, payload)`` requests one at a time.
+
+    ``target(conn, *args)`` runs in the child: it sends ``("ready", None)`` (or
+    ``("error", text)``) once set up, then answers each request with ``("ok", result)``
+    or ``("error", text)`` until it gets ``("stop", None)``. The parent waits at most
+    ``call_timeout_s`` per request; a child that dies raises :class:`ChildCrashedError`,
+    one that does not answer :class:`TimeoutError`, and either is replaced by a fresh
+    child (``restart``). ``abort``, when set, abandons the call in flight.
+    """
+
+    role = "child process"
 
     def __init__(
         self,
-        workload: Workload,
-        backend: str,
-        options: MeasureOptions | None = None,
-        trial_timeout_s: float = 300.0,
-        startup_timeout_s: float = 300.0,
-        inject: dict[str, str] | None = None,
+        target: Any,
+        args: tuple[Any, ...],
+        *,
+        call_timeout_s: float,
+        startup_timeout_s: float,
         abort: threading.Event | None = None,
     ) -> None:
-        """``abort``: when set, the call in flight is abandoned (the child is killed) and
-        raises :class:`MeasurementAborted`; a later call starts a fresh child."""
-        self.workload = workload
-        self.backend = backend
-        self.options = options or MeasureOptions()
-        self.trial_timeout_s = trial_timeout_s
+        self._target = target
+        self._args = args
+        self.call_timeout_s = call_timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.inject = inject or {}
         self.abort = abort
         self.restarts = 0
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited JAX/XLA state
         self._proc: Any = None
         self._conn: Any = None
 
-    def __enter__(self) -> Supervisor:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -100,21 +105,15 @@ class Supervisor:
         self.close()
 
     def start(self) -> None:
-        import dataclasses
-
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(
-            target=_child_main,
-            args=(child, self.workload.canonical(), self.backend, dataclasses.asdict(self.options), self.inject),
-            daemon=True,
-        )
+        self._proc = self._ctx.Process(target=self._target, args=(child, *self._args), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
-        status, payload = self._receive(self.startup_timeout_s, "starting the measuring process")
+        status, payload = self._receive(self.startup_timeout_s, f"starting the {self.role}")
         if status != "ready":
             self.close()
-            raise RuntimeError(f"measuring process failed to start:\n{payload}")
+            raise RuntimeError(f"{self.role} failed to start:\n{payload}")
 
     def close(self) -> None:
         if self._proc is None:
@@ -131,7 +130,8 @@ class Supervisor:
         self._conn.close()
         self._proc = None
 
-    def _restart(self) -> None:
+    def restart(self) -> None:
+        """Kill the child (if alive) and start a fresh one."""
         if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
         if self._proc is not None:
@@ -173,45 +173,82 @@ class Supervisor:
             import signal
 
             try:
-                return f"measuring process killed by {signal.Signals(-code).name}"
+                return f"{self.role} killed by {signal.Signals(-code).name}"
             except ValueError:
-                return f"measuring process killed by signal {-code}"
-        return f"measuring process exited with code {code}"
+                return f"{self.role} killed by signal {-code}"
+        return f"{self.role} exited with code {code}"
 
-    def _call(self, op: str, payload: Any, what: str) -> Any:
+    def call(self, op: str, payload: Any, what: str) -> Any:
+        """Send one request and return its result; RuntimeError carries the child's traceback."""
         if self._proc is None:  # aborted earlier: a fresh child
             self.start()
         self._conn.send((op, payload))
-        status, result = self._receive(self.trial_timeout_s, what)
+        status, result = self._receive(self.call_timeout_s, what)
         if status == "error":
             raise RuntimeError(result)
         return result
 
+
+class Supervisor(SupervisedChild):
+    """Runs measurements in a child process; restarts it after a crash or a hang."""
+
+    role = "measuring process"
+
+    def __init__(
+        self,
+        workload: Workload,
+        backend: str,
+        options: MeasureOptions | None = None,
+        trial_timeout_s: float = 300.0,
+        startup_timeout_s: float = 300.0,
+        inject: dict[str, str] | None = None,
+        abort: threading.Event | None = None,
+    ) -> None:
+        """``abort``: when set, the call in flight is abandoned (the child is killed) and
+        raises :class:`MeasurementAborted`; a later call starts a fresh child."""
+        import dataclasses
+
+        self.workload = workload
+        self.backend = backend
+        self.options = options or MeasureOptions()
+        self.inject = inject or {}
+        super().__init__(
+            _child_main,
+            (workload.canonical(), backend, dataclasses.asdict(self.options), self.inject),
+            call_timeout_s=trial_timeout_s,
+            startup_timeout_s=startup_timeout_s,
+            abort=abort,
+        )
+
+    @property
+    def trial_timeout_s(self) -> float:
+        return self.call_timeout_s
+
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
         """Measure in the child; a crash or a hang is returned as a Measurement."""
         try:
-            return Measurement.from_dict(self._call("measure", (config.to_dict(), prune_above_ms), "measuring"))
+            return Measurement.from_dict(self.call("measure", (config.to_dict(), prune_above_ms), "measuring"))
         except ChildCrashedError as exc:
-            self._restart()
+            self.restart()
             return Measurement("crashed", error=str(exc))
         except TimeoutError as exc:
-            self._restart()
+            self.restart()
             return Measurement("timeout", error=str(exc))
         except RuntimeError as exc:  # an unexpected exception inside the child: data, not a stop
             return Measurement("failed", error="measuring error: " + str(exc).strip().splitlines()[-1])
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         try:
-            return list(self._call("retime", (config.to_dict(), runs), "re-timing"))
+            return list(self.call("retime", (config.to_dict(), runs), "re-timing"))
         except (ChildCrashedError, TimeoutError):
-            self._restart()
+            self.restart()
             return []
 
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
         """Runs of an anchor (see :meth:`autotune.measure.WorkloadBench.anchor_runs`); [] after a crash or hang."""
         payload = (anchor, runs, config.to_dict() if config else None)
         try:
-            return list(self._call("anchor", payload, f"timing the {anchor} anchor"))
+            return list(self.call("anchor", payload, f"timing the {anchor} anchor"))
         except (ChildCrashedError, TimeoutError):
-            self._restart()
+            self.restart()
             return []
