@@ -16,6 +16,7 @@ A fast but wrong config is infeasible and can never win.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Callable
@@ -39,6 +40,12 @@ class Measurer(Protocol):
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement: ...
     def retime(self, config: TileConfig, runs: int) -> list[float]: ...
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]: ...
+
+
+class Prefetching(Protocol):
+    """A measurer that can start preparing (compiling) a config it will be asked to measure soon."""
+
+    def prefetch(self, config: TileConfig) -> None: ...
 
 
 class Coordinator(Protocol):
@@ -74,6 +81,9 @@ class SearchOptions:
     seed_configs: tuple[TileConfig, ...] = ()
     warm_start: bool = True
     startup_trials: int = 8
+    # Configs proposed ahead of the one being measured, handed to a measurer that can prepare them
+    # (``prefetch``: compile while the device times the current one). 0: propose, then measure.
+    lookahead: int = 0
 
 
 @dataclasses.dataclass
@@ -140,6 +150,7 @@ def run_search(
     on_invalid: Callable[[TileConfig, str], None] | None = None,
     coordinator: Coordinator | None = None,
     finalize: bool = True,
+    gate: Callable[[TileConfig], str | None] | None = None,
 ) -> SearchResult:
     """Search ``space`` with ``measurer``; ``on_trial`` sees every measured trial as it finishes.
 
@@ -148,7 +159,10 @@ def run_search(
     coordinator decides: the budget is the job's, configs measured by any worker
     are never measured again, and the search ends when the coordinator says so.
     ``finalize=False`` skips re-timing the top configs (a job's finalizer re-times
-    the finalists of every worker, see :func:`pick_winner`).
+    the finalists of every worker, see :func:`pick_winner`). ``gate`` is asked after
+    the space's own rules, for each new config, why it must not be measured (None: it
+    may): a TPU worker's gate answers from the verdicts of compile workers, so a config
+    the compiler is known to refuse is an invalid point, never a compile on the device.
     """
     options = options or SearchOptions()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -182,15 +196,21 @@ def run_search(
     budget = min(options.trials, len(unmeasured))
     rng = np.random.default_rng(options.seed)
     stale = 0  # asks in a row that measured nothing
-    while coordinator is not None or len(result.trials) < budget:
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        if coordinator is not None and (coordinator.stopping() or not unmeasured):
-            break
+    # Proposed and reserved, not yet measured: with ``options.lookahead`` > 0 the next configs are
+    # proposed while the current one is measured, and a prefetching measurer prepares them.
+    pending: collections.deque[tuple[optuna.Trial, TileConfig]] = collections.deque()
+    prefetch = getattr(measurer, "prefetch", None) if options.lookahead > 0 else None
+    proposing = True
+
+    def propose() -> tuple[optuna.Trial, TileConfig] | str:
+        """One new config to measure, or why not: "skip" (ask again) or "stop" (propose no more)."""
+        nonlocal stale
         if stale >= MAX_STALE_ASKS:
             # The sampler keeps proposing known or invalid points: measure an
             # unmeasured valid one instead, so the budget is spent on new data.
             keys = sorted(unmeasured)
+            if not keys:
+                return "stop"
             pick = unmeasured[keys[int(rng.integers(len(keys)))]]
             encoded = coding.encode(pick)
             assert encoded is not None
@@ -202,7 +222,7 @@ def run_search(
             result.invalid += 1
             stale += 1
             _tell(study, trial, PENALTY_MS, False)
-            continue
+            return "skip"
         config = decoded
         key = config.key
         if key in known:
@@ -210,10 +230,18 @@ def run_search(
             result.repeated += 1
             stale += 1
             _tell(study, trial, value, feasible)
-            continue
+            return "skip"
+        if any(c.key == key for _, c in pending):  # proposed ahead already: it will be measured
+            result.repeated += 1
+            stale += 1
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return "skip"
         reason = space.violation(config)
+        if reason is None and gate is not None:
+            reason = gate(config)
         if reason is not None:
             known[key] = (PENALTY_MS, False)
+            unmeasured.pop(key, None)
             result.invalid += 1
             stale += 1
             _tell(study, trial, PENALTY_MS, False)
@@ -221,43 +249,72 @@ def run_search(
                 coordinator.invalid(config, reason)
             if on_invalid is not None:
                 on_invalid(config, reason)
-            continue
+            return "skip"
         if coordinator is not None:
             verdict, elsewhere = coordinator.reserve(config, trial.number)
             if verdict in ("full", "stop"):
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                break
+                return "stop"
             if verdict == "busy":  # another worker measures it right now
                 unmeasured.pop(key, None)
                 stale += 1
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                continue
+                return "skip"
             if verdict == "known" and elsewhere is not None:
                 known[key] = _objective(elsewhere)
                 unmeasured.pop(key, None)
                 result.repeated += 1
                 stale += 1
                 _tell(study, trial, *known[key])
-                continue
+                return "skip"
         stale = 0
         unmeasured.pop(key, None)
-        prune_above = best_ms * options.prune_factor if (options.prune and best_ms is not None) else None
-        try:
-            measurement = measurer.measure(config, prune_above)
-        except BaseException:  # abandoned (or interrupted): the asked trial must not stay RUNNING in the study
+        return trial, config
+
+    def enough() -> bool:
+        """Whether to propose no more: the time, the coordinator, or the budget says so."""
+        if deadline is not None and time.monotonic() > deadline:
+            return True
+        if coordinator is not None:
+            return coordinator.stopping() or not unmeasured
+        return len(result.trials) + len(pending) >= budget
+
+    try:
+        while True:
+            while proposing and len(pending) <= options.lookahead:
+                if enough():
+                    proposing = False
+                else:
+                    proposed = propose()
+                    if proposed == "stop":
+                        proposing = False
+                    elif not isinstance(proposed, str):
+                        pending.append(proposed)
+                        if prefetch is not None:
+                            prefetch(proposed[1])
+            if not pending or (coordinator is not None and coordinator.stopping()):
+                break
+            trial, config = pending.popleft()
+            prune_above = best_ms * options.prune_factor if (options.prune and best_ms is not None) else None
+            try:
+                measurement = measurer.measure(config, prune_above)
+            except BaseException:  # abandoned (or interrupted): the asked trial must not stay RUNNING in the study
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            value, feasible = known[config.key] = _objective(measurement)
+            _tell(study, trial, value, feasible)
+            record = TrialResult(trial.number, config, measurement)
+            if coordinator is not None and not coordinator.complete(record):
+                break
+            result.trials.append(record)
+            if measurement.status == "ok" and (best_ms is None or value < best_ms):
+                best_ms = value
+                result.best = record
+            if on_trial is not None:
+                on_trial(record, result)
+    finally:
+        for trial, _ in pending:  # proposed ahead and never measured: not RUNNING forever in the study
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
-        value, feasible = known[key] = _objective(measurement)
-        _tell(study, trial, value, feasible)
-        record = TrialResult(trial.number, config, measurement)
-        if coordinator is not None and not coordinator.complete(record):
-            break
-        result.trials.append(record)
-        if measurement.status == "ok" and (best_ms is None or value < best_ms):
-            best_ms = value
-            result.best = record
-        if on_trial is not None:
-            on_trial(record, result)
     if finalize:
         pick_winner(result, measurer, options, space)
     return result

@@ -12,7 +12,9 @@ Causes, from the first error line:
  - ``smem``: the scalar-prefetched tables (and Mosaic's own scalars) exceed SMEM;
  - ``vmem``: the blocks, scratch and Mosaic's internal scratch exceed scoped VMEM;
  - ``layout``: Mosaic cannot lay out a vector op of the kernel for this chip;
- - ``other``: anything else (the error line says what).
+ - ``other``: anything else (the error line says what);
+ - ``crashed`` / ``timeout``: the compiling process died or did not answer in time
+   (set by the process that supervises it, :mod:`autotune.compile_pool`).
 The estimates of :mod:`kernel.budget` stay the pre-filter that keeps a search from
 asking for obviously oversized configs; this compile says what really fits.
 """
@@ -31,8 +33,8 @@ from kernel.lowering import first_line, kernel_calls
 from kernel.pattern import SparsityPattern
 from kernel.tpu_targets import target_device, tpu_target
 
-Cause = Literal["rule", "smem", "vmem", "layout", "other"]
-CAUSES: tuple[str, ...] = ("rule", "smem", "vmem", "layout", "other")
+Cause = Literal["rule", "smem", "vmem", "layout", "other", "crashed", "timeout"]
+CAUSES: tuple[str, ...] = ("rule", "smem", "vmem", "layout", "other", "crashed", "timeout")
 # Figures of jax's CompiledMemoryStats kept per call (bytes; host_* figures are zero on TPU).
 MEMORY_FIELDS = (
     "argument_size_in_bytes",
@@ -63,6 +65,10 @@ class CompileOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompileOutcome:
+        return cls(**data)
 
 
 def classify(message: str) -> Cause:

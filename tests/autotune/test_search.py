@@ -133,6 +133,33 @@ def test_heuristic_warm_start_and_seed_configs_come_first() -> None:
     assert measurer.measured[1] == seed_config
 
 
+def test_a_config_the_gate_refuses_is_an_invalid_point_never_measured() -> None:
+    """A TPU worker's gate says which configs the compiler refused (compile workers' verdicts): the
+    search never measures them, counts them invalid, and tells the caller why, whatever samples them."""
+    from kernel.heuristic import heuristic_config
+
+    space = SearchSpace(WORKLOAD, "xla")
+    heuristic = heuristic_config(WORKLOAD.pattern, "xla", "float32")
+    refused = {heuristic.key} | {c.key for c in space.enumerate() if c.block_q == 128}
+    asked: list[TileConfig] = []
+    invalid: list[tuple[TileConfig, str]] = []
+
+    def gate(config: TileConfig) -> str | None:
+        asked.append(config)
+        return "does not compile: smem" if config.key in refused else None
+
+    measurer = FakeMeasurer()
+    result = run_search(
+        space, measurer, SearchOptions(trials=20, seed=1), gate=gate, on_invalid=lambda c, r: invalid.append((c, r))
+    )
+    assert len(result.trials) == 20 and not any(c.key in refused for c in measurer.measured)
+    assert (heuristic, "does not compile: smem") in invalid  # the warm start was asked, and refused
+    gated = [c for c, reason in invalid if reason == "does not compile: smem"]
+    assert result.invalid >= len(invalid) and all(c.key in refused for c in gated)
+    assert all(space.violation(c) is None for c in asked)  # asked only after the space's own rules
+    assert len(asked) == 20 + len(gated)
+
+
 def test_tpe_finds_the_optimum_of_a_smooth_cost() -> None:
     space = SearchSpace(WORKLOAD, "xla")
     result = run_search(space, FakeMeasurer(), SearchOptions(trials=40, seed=0))
