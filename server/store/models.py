@@ -2,7 +2,8 @@
 
 - ``Workload``: one row per workload key, with the numeric features that the
   nearest-neighbour lookup filters on.
-- ``Trial``: every measured TileConfig, failures included (failures are data).
+- ``Trial``: every measured TileConfig, failures included (failures are data), and
+  every compile verdict of a TPU config (compiled or refused, not timed).
 - ``TunedConfig``: the best ok trial of a workload. A new best supersedes the old
   row (``superseded_at`` set, ``is_current`` cleared); nothing is deleted.
 - ``Job``: a request to tune a workload; at most one queued or running job per
@@ -45,11 +46,15 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-# ``running``: reserved by a worker and being measured (a trial of a job is
-# inserted as running before its measurement, so two workers of one job never
-# measure the same params); every other status is final.
-TRIAL_STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong", "running")
-FINAL_TRIAL_STATUSES = TRIAL_STATUSES[:-1]
+# Measured trials (of a search) end in one of FINAL_TRIAL_STATUSES. ``running``: reserved by a
+# worker and being measured (a trial of a job is inserted as running before its measurement, so
+# two workers of one job never measure the same params).
+FINAL_TRIAL_STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
+# Compile verdicts (server.store.compiles): a config compiled, or refused, for the workload's TPU
+# generation by the compiler of the versions recorded, without being timed. ``compiling``: reserved
+# by a compile worker.
+COMPILE_STATUSES = ("compiled", "uncompilable")
+TRIAL_STATUSES = (*FINAL_TRIAL_STATUSES, *COMPILE_STATUSES, "running", "compiling")
 JOB_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 ACTIVE_JOB_STATUSES = ("queued", "running")
 ACTIVE_JOB_WHERE = "status IN ('queued', 'running')"  # predicate of the one-active-job-per-workload index
@@ -111,6 +116,10 @@ class Trial(Base):
     versions: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     host: Mapped[str | None] = mapped_column(String(255))
     worker: Mapped[str | None] = mapped_column(String(255))  # the worker that measured it (jobs only)
+    # Compile verdicts only: hash of params and compiler versions (one verdict per pair), and the
+    # executable's memory figures (kernel.tpu_compile.MEMORY_FIELDS).
+    compile_key: Mapped[str | None] = mapped_column(String(64))
+    memory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column()
 
@@ -126,6 +135,15 @@ class Trial(Base):
             unique=True,
             postgresql_where=text("job_id IS NOT NULL"),
             sqlite_where=text("job_id IS NOT NULL"),
+        ),
+        # One compile verdict (or reservation) per params and compiler versions of a workload.
+        Index(
+            "uq_tt_trial_compile",
+            "workload_id",
+            "compile_key",
+            unique=True,
+            postgresql_where=text("compile_key IS NOT NULL"),
+            sqlite_where=text("compile_key IS NOT NULL"),
         ),
     )
 
