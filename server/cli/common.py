@@ -106,6 +106,7 @@ def no_tpu_device(command: str, platform: str) -> typer.Exit:
     return fail(
         f"`tiletune {command} --backend tpu` times configs on a TPU device, and this machine has none "
         f"(JAX platform {platform!r}); here it can only compile for TPU, as a compile-only host{how}: "
-        "`tiletune bench compile --preset P --generation v6e` compiles a space for a TPU generation; "
+        "`tiletune worker --compile-only` compiles the configs of queued TPU jobs for the TPU workers, "
+        "`tiletune bench compile --preset P --generation v6e` a whole space; "
         "tune on a TPU VM, or use --backend xla (timing here) or interpret (correctness)"
     )

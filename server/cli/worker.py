@@ -54,13 +54,34 @@ def worker(
     ] = 1.0,
     name: Annotated[str | None, typer.Option(help="Worker name in leases and trials (default host-pid-random)")] = None,
     quiet: Annotated[bool, typer.Option(help="Print jobs only, not every trial")] = False,
+    compile_only: Annotated[
+        bool,
+        typer.Option(
+            help="Compile the candidate configs of queued TPU jobs (any host with the tpu extra, no TPU needed) "
+            "instead of claiming jobs; TPU workers then skip the configs that do not compile"
+        ),
+    ] = False,
+    processes: Annotated[int, typer.Option(min=1, help="--compile-only: compiling processes at once")] = 1,
+    compile_timeout: Annotated[
+        float, typer.Option(min=1, help="--compile-only: a compile not done in this many seconds is refused")
+    ] = 300,
+    max_configs: Annotated[
+        int | None, typer.Option(min=1, help="--compile-only: compile at most this many configs per job")
+    ] = None,
 ) -> None:
     """Claim queued tuning jobs of this machine's device kind and backend and run them.
 
     Trials are stored as they finish; the best config becomes the workload's
     tuned config. SIGTERM or Ctrl-C stops after the trial in flight and gives the
     job back; a second one abandons the trial at once.
+
+    With --compile-only the worker claims nothing: it compiles, for their TPU
+    generation, the configs queued TPU jobs will try (warm starts first) and stores
+    each verdict, so TPU workers never spend a compile on a config that fails.
     """
+    if compile_only:
+        _compile_worker(database_url, exit_when_idle, poll, processes, compile_timeout, max_configs, name, quiet)
+        return
     import logging
 
     from autotune.measure import MeasureOptions
@@ -100,6 +121,57 @@ def worker(
         w.close()
     failed = [outcome for outcome in outcomes if outcome.status == "failed"]
     err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
+
+
+def _compile_worker(
+    database_url: str | None,
+    exit_when_idle: bool,
+    poll: float,
+    processes: int,
+    compile_timeout: float,
+    max_configs: int | None,
+    name: str | None,
+    quiet: bool,
+) -> None:
+    from kernel.tpu_targets import TpuCompilerUnavailableError
+    from server.store.migrate import upgrade
+    from server.worker.compile_worker import CompileWorker, CompileWorkerOptions
+
+    url = database_url_of(database_url)
+    options = CompileWorkerOptions(
+        database_url=url,
+        processes=processes,
+        compile_timeout_s=compile_timeout,
+        poll_s=poll,
+        exit_when_idle=exit_when_idle,
+        max_configs=max_configs,
+        name=name,
+    )
+    try:
+        upgrade(url)
+        w = CompileWorker(options, on_event=lambda kind, data: _print_compile_event(kind, data, quiet))
+    except (TpuCompilerUnavailableError, ValueError, RuntimeError, OSError) as exc:
+        raise fail(str(exc)) from None
+    install_stop_signals(lambda _abandon: w.request_stop(), "the compile worker")
+    try:
+        jobs = w.run()
+    finally:
+        w.close()
+    total = sum(j.compiled for j in jobs)
+    err.print(f"compile worker {w.name} stopped after {total} verdict(s) on {len(jobs)} job(s)")
+
+
+def _print_compile_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
+    if kind == "started":
+        v = d["versions"]
+        err.print(
+            f"compile worker {d['worker']} compiling for queued TPU jobs (jax {v.get('jax')}, libtpu {v.get('libtpu')})"
+        )
+    elif kind == "compiled" and not quiet:
+        verdict = "ok" if d["ok"] else f"refused: {(d['error'] or '')[:100]}"
+        err.print(f"  job {d['job_id']}: {d['config']}: {verdict} ({d['compile_s']:.2f} s)")
+    elif kind == "job_compiled":
+        err.print(f"job {d['job_id']}: {d['compiled']} verdict(s), {d['refused']} refused, in {d['seconds']:.0f} s")
 
 
 def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:

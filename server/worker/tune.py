@@ -67,7 +67,7 @@ def tune_workload(
     ``search.warm_start`` is off); store every trial as it finishes, then the best config."""
     upgrade(database_url)
     db = Database(database_url)
-    versions = software_versions()
+    versions = software_versions(workload.backend)
     host = socket.gethostname()
     space = SearchSpace(workload, workload.backend)
     trial_rows: dict[int, int] = {}

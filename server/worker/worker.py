@@ -58,7 +58,7 @@ from autotune.supervisor import MeasurementAborted, Supervisor
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import BACKENDS, Workload
-from server.store import models, queue, workloads
+from server.store import compiles, models, queue, workloads
 from server.store.db import Database
 from server.worker.coordinator import (
     JobCoordinator,
@@ -252,7 +252,7 @@ class Worker:
         )
         try:
             with self.measurer(workload) as measurer:
-                result = self._search(job_id, study, workload, measurer, coordinator, seeds)
+                result = self._search(job_id, study, workload_id, workload, measurer, coordinator, seeds)
                 if lost.is_set():
                     return JobOutcome(job_id, workload.key, "lost", len(result.trials))
                 if self._stop.is_set():
@@ -297,6 +297,7 @@ class Worker:
         self,
         job_id: int,
         study: str,
+        workload_id: int,
         workload: Workload,
         measurer: Measurer,
         coordinator: JobCoordinator,
@@ -334,7 +335,19 @@ class Worker:
             coordinator=coordinator,
             on_trial=progress,
             finalize=False,
+            gate=self.compile_gate(workload_id) if workload.backend == "tpu" else None,
         )
+
+    def compile_gate(self, workload_id: int) -> Callable[[TileConfig], str | None]:
+        """Why a config must not be timed here: compile workers of this worker's compiler versions
+        found that it does not compile (:mod:`server.worker.compile_worker`); None otherwise."""
+        versions = self.versions()
+
+        def gate(config: TileConfig) -> str | None:
+            with self.db.read_sessions() as session:
+                return compiles.refusal(session, workload_id, config.to_dict(), versions)
+
+        return gate
 
     def _finish(
         self,
@@ -404,7 +417,7 @@ class Worker:
             if self.backend_is_replay:
                 self._versions = dict(self.tables[0].versions) or {"jax": "replay", "jaxlib": "replay", "libtpu": None}
             else:
-                self._versions = software_versions()
+                self._versions = software_versions(self.backend)
         return self._versions
 
     @property
