@@ -69,4 +69,4 @@ def compile_gate(workload: Workload, config: TileConfig, target: str | None = No
         head_dim=workload.head_dim,
         dtype=workload.dtype,
     )
-    return GateVerdict(config, estimate(workload, config, kind), outcome, software_versions())
+    return GateVerdict(config, estimate(workload, config, kind), outcome, software_versions("tpu"))
