@@ -31,6 +31,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -121,6 +122,9 @@ class MeasureOptions:
     prune_factor: float = 2.0
     seed: int = 0
     keep_compiled: int = 8  # executables kept for re-timing (an exhaustive recording keeps them all)
+    # Threads compiling configs announced by ``prefetch`` while the device times the current one. Only
+    # worth it where the timed work runs on a device, not on the CPU that compiles (the tpu backend).
+    compile_threads: int = 1
 
 
 ANCHORS = ("dense", "tiled_dense")
@@ -230,6 +234,8 @@ class WorkloadBench:
         self.reference = reference_attention(q32, k32, v32, pattern, rows=self.rows)
         self.tolerance = TOLERANCE[workload.dtype]
         self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._ahead: dict[str, Future[tuple[Any, float, float]]] = {}
+        self._compiler: ThreadPoolExecutor | None = None
 
     def _fn(self, config: TileConfig, pattern: SparsityPattern | None = None) -> Any:
         pattern, backend = pattern or self.workload.pattern, self.backend
@@ -247,19 +253,36 @@ class WorkloadBench:
             time.sleep(10**6)
         return action
 
+    def _compile(self, config: TileConfig) -> tuple[Any, float, float]:
+        """(executable, lower ms, compile ms) of ``config``; compile errors raise."""
+        self._inject(config.key, "compile")
+        t0 = time.perf_counter()
+        lowered = jax.jit(self._fn(config)).lower(self.q, self.k, self.v)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        return compiled, (t1 - t0) * 1e3, (t2 - t1) * 1e3
+
+    def prefetch(self, config: TileConfig) -> None:
+        """Start compiling ``config`` in a background thread (:attr:`MeasureOptions.compile_threads`);
+        :meth:`measure` takes the executable when it gets there. On a TPU the device times the current
+        config meanwhile; on a CPU backend the compile would share the timed CPU, so searches there do
+        not prefetch (``SearchOptions.lookahead`` 0)."""
+        if config.key in self._ahead or config.key in self._compiled:
+            return
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(max(1, self.options.compile_threads), "tiletune-compile")
+        self._ahead[config.key] = self._compiler.submit(self._compile, config)
+
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
         key = config.key
-        action = self._inject(key, "compile")
+        action = self.inject.get(key)
         try:
-            t0 = time.perf_counter()
-            lowered = jax.jit(self._fn(config)).lower(self.q, self.k, self.v)
-            t1 = time.perf_counter()
-            compiled = lowered.compile()
-            t2 = time.perf_counter()
+            ahead = self._ahead.pop(key, None)
+            compiled, lower_ms, compile_ms = ahead.result() if ahead is not None else self._compile(config)
         except Exception as exc:  # compile errors of every kind are data
             status, text = classify_error(exc)
             return Measurement(status, error=text)
-        lower_ms, compile_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         self._remember(key, compiled)
         try:
             out = np.asarray(jax.block_until_ready(compiled(self.q, self.k, self.v)).astype(jnp.float32))

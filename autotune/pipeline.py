@@ -9,9 +9,11 @@ the current one, it only idles when the compilers cannot keep up.
 
 :class:`ReplayedDevice` is that measurer with the device replaced: each config is
 compiled for real for the workload's TPU generation (libtpu's compile-only target), and
-"runs" for ``runs`` x :func:`model_ms` of wall time, during which the device counts as
-busy. The model is not a TPU measurement (it only sets how long the device is busy per
-trial, so the pipeline can be judged); timing still needs the device. A config the
+"runs" for ``trial_s`` (what a trial costs the device besides its timed runs: inputs,
+warm-up, the check against the reference) plus ``runs`` x :func:`model_ms` of wall
+time, during which the device counts as busy. Neither is a TPU measurement: they only
+set how long the device is busy per trial, so the pipeline can be judged; timing still
+needs the device. A config the
 compiler refuses is a ``failed`` trial with the compiler's error, as on a TPU.
 """
 
@@ -46,10 +48,14 @@ class DeviceLog:
     """Where a replayed device's wall time went, from its first trial to its last."""
 
     busy_s: float = 0.0  # running configs
-    waiting_s: float = 0.0  # waiting for the compile of the config it was asked to run
+    waits_s: list[float] = dataclasses.field(default_factory=list)  # per trial: waiting for its compile
     first: float | None = None
     last: float | None = None
     compiles: list[CompileOutcome] = dataclasses.field(default_factory=list)
+
+    @property
+    def waiting_s(self) -> float:
+        return sum(self.waits_s)
 
     @property
     def wall_s(self) -> float:
@@ -64,10 +70,13 @@ class ReplayedDevice:
     """A measurer of ``tpu`` configs: compiles real (through ``pool``), runs replayed (see the module
     docstring). ``prefetch`` starts a config's compile; ``measure`` waits for it, then runs."""
 
-    def __init__(self, workload: Workload, pool: CompilePool, runs: int = 10, device_scale: float = 1.0) -> None:
+    def __init__(
+        self, workload: Workload, pool: CompilePool, runs: int = 10, device_scale: float = 1.0, trial_s: float = 0.0
+    ) -> None:
         self.workload = workload
         self.pool = pool
         self.runs = runs
+        self.trial_s = trial_s
         self.device_scale = device_scale  # multiplies the modelled device time (a slower or faster chip)
         self.log = DeviceLog()
         self._compiles: dict[str, Future[CompileOutcome]] = {}
@@ -83,10 +92,10 @@ class ReplayedDevice:
         if config.key not in self._compiles:
             self._compiles[config.key] = self.pool.submit(config)
 
-    def _run(self, config: TileConfig, runs: int) -> list[float]:
+    def _run(self, config: TileConfig, runs: int, overhead_s: float = 0.0) -> list[float]:
         ms = model_ms(self.workload, config) * self.device_scale
         start = time.monotonic()
-        time.sleep(ms * runs / 1e3)
+        time.sleep(overhead_s + ms * runs / 1e3)
         self.log.busy_s += time.monotonic() - start
         return [ms] * runs
 
@@ -96,13 +105,15 @@ class ReplayedDevice:
             self.log.first = now
         self.prefetch(config)  # in line when the search did not propose it ahead
         outcome = self._compiles.pop(config.key).result()
-        self.log.waiting_s += time.monotonic() - now
+        self.log.waits_s.append(time.monotonic() - now)
         self.log.compiles.append(outcome)
         try:
             if not outcome.ok:
                 error = f"does not compile for {outcome.device_kind}: {outcome.cause}: {outcome.error}"
                 return Measurement("failed", compile_ms=outcome.compile_s * 1e3, error=error)
-            return Measurement("ok", compile_ms=outcome.compile_s * 1e3, runs_ms=tuple(self._run(config, self.runs)))
+            return Measurement(
+                "ok", compile_ms=outcome.compile_s * 1e3, runs_ms=tuple(self._run(config, self.runs, self.trial_s))
+            )
         finally:
             self.log.last = time.monotonic()
 

@@ -45,6 +45,9 @@ def _child_main(
             elif op == "retime":
                 config, runs = payload
                 result = bench.retime(TileConfig.from_dict(config), runs)
+            elif op == "prefetch":
+                bench.prefetch(TileConfig.from_dict(payload))
+                result = None
             elif op == "anchor":
                 anchor, runs, config = payload
                 result = bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
@@ -236,6 +239,13 @@ class Supervisor(SupervisedChild):
             return Measurement("timeout", error=str(exc))
         except RuntimeError as exc:  # an unexpected exception inside the child: data, not a stop
             return Measurement("failed", error="measuring error: " + str(exc).strip().splitlines()[-1])
+
+    def prefetch(self, config: TileConfig) -> None:
+        """Have the child start compiling ``config`` (see :meth:`autotune.measure.WorkloadBench.prefetch`)."""
+        try:
+            self.call("prefetch", config.to_dict(), "announcing a config")
+        except (ChildCrashedError, TimeoutError):
+            self.restart()
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         try:

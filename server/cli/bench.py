@@ -327,6 +327,42 @@ def bench_search_cmd(
     print_search_report(rows, out())
 
 
+@bench_app.command("pipeline")
+def bench_pipeline_cmd(
+    preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")] = "cpu-demo",
+    generation: Annotated[str, typer.Option(help="TPU generation: v4, v5e, v5p, v6e, tpu7x.")] = "v6e",
+    trials: Annotated[int, typer.Option(min=2, help="Measured configs per search.")] = 12,
+    processes: Annotated[int, typer.Option(min=1, help="Compiling processes of the pipeline.")] = 2,
+    lookahead: Annotated[int, typer.Option(min=1, help="Configs the pipelined search proposes ahead.")] = 2,
+    trial_s: Annotated[
+        float, typer.Option(min=0, help="Replayed device seconds per trial besides its runs (warm-up, checks).")
+    ] = 1.0,
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved rounds of both modes.")] = 2,
+    worker_configs: Annotated[
+        int, typer.Option(min=0, help="Verdicts per compile-worker throughput measurement (0: skip it).")
+    ] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the searches and of the rounds' order.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+) -> None:
+    """Device-busy fraction of a tpu search with real compiles and a replayed device, compiling in line
+    against the compile-ahead pipeline (side by side), and compile-worker throughput (configs/min)."""
+    from kernel.tpu_targets import TpuCompilerUnavailableError
+    from server.bench.pipeline import PipelineBenchOptions, print_pipeline_report, run_pipeline_bench
+
+    opts = PipelineBenchOptions(
+        preset,
+        generation,
+        trials,
+        processes,
+        lookahead,
+        trial_s,
+        rounds=rounds,
+        seed=seed,
+        worker_configs=worker_configs,
+    )
+    _run(run_pipeline_bench, opts, print_pipeline_report, as_json, errors=(ValueError, TpuCompilerUnavailableError))
+
+
 @bench_app.command("compile")
 def bench_compile_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")],

@@ -62,6 +62,12 @@ def worker(
         ),
     ] = False,
     processes: Annotated[int, typer.Option(min=1, help="--compile-only: compiling processes at once")] = 1,
+    lookahead: Annotated[
+        int,
+        typer.Option(
+            min=0, help="tpu jobs: configs compiled on the host while the TPU times the current one (0: in line)"
+        ),
+    ] = 2,
     compile_timeout: Annotated[
         float, typer.Option(min=1, help="--compile-only: a compile not done in this many seconds is refused")
     ] = 300,
@@ -85,6 +91,7 @@ def worker(
     import logging
 
     from autotune.measure import MeasureOptions
+    from autotune.search import SearchOptions
     from kernel.attention import NoTpuDeviceError
     from server.store.migrate import upgrade
     from server.worker.worker import WORKER_BACKENDS, Worker, WorkerOptions
@@ -102,7 +109,8 @@ def worker(
         lease_s=lease,
         poll_s=poll,
         trial_timeout_s=trial_timeout,
-        measure=MeasureOptions(repeats=repeats),
+        measure=MeasureOptions(repeats=repeats, compile_threads=max(1, lookahead)),
+        search=SearchOptions(lookahead=lookahead),
         replay_tables=tuple(replay_table or ()),
         replay_sleep=replay_sleep,
         name=name,

@@ -307,7 +307,12 @@ class Worker:
         search = self.options.search
         # Co-workers of one job sample with different seeds, or they would propose alike.
         seed = (search.seed + zlib.crc32(self.name.encode())) % (2**31)
-        options = dataclasses.replace(search, seed=seed, seed_configs=(*search.seed_configs, *seeds))
+        # Compiling ahead pays only where the timed work runs on a device: on a CPU backend the compile
+        # would share the CPU being timed.
+        lookahead = search.lookahead if workload.backend == "tpu" else 0
+        options = dataclasses.replace(
+            search, seed=seed, seed_configs=(*search.seed_configs, *seeds), lookahead=lookahead
+        )
 
         def progress(trial: TrialResult, result: SearchResult) -> None:
             m = trial.measurement

@@ -1,6 +1,8 @@
 """One contract, run over every measurer a search can be given:
 
 - ``in-process``: :class:`autotune.measure.WorkloadBench` on this process's device;
+- ``in-process-ahead``: the same, with the search proposing two configs ahead that it
+  compiles in a background thread (``prefetch``, what a TPU worker does);
 - ``supervised``: :class:`autotune.supervisor.Supervisor`, the same in a child process;
 - ``replay``: :class:`autotune.replay.ReplayMeasurer` on a recorded table;
 - ``worker``: what a tuning worker measures with (``Worker.measurer``: the replay of its
@@ -62,6 +64,7 @@ class Spy:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.measured: list[TileConfig] = []
+        self.prefetched: list[TileConfig] = []
 
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement:
         self.measured.append(config)
@@ -69,6 +72,11 @@ class Spy:
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         return list(self.inner.retime(config, runs))
+
+    def prefetch(self, config: TileConfig) -> None:
+        self.prefetched.append(config)
+        if hasattr(self.inner, "prefetch"):
+            self.inner.prefetch(config)
 
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
         return list(self.inner.anchor_runs(anchor, runs, config))
@@ -85,10 +93,10 @@ def _table_without(config: TileConfig, tmp_path: Path) -> tuple[RecordedTable, P
 
 @contextlib.contextmanager
 def _case(kind: str, tmp_path: Path) -> Iterator[Case]:
-    if kind in ("in-process", "supervised"):
+    if kind in ("in-process", "in-process-ahead", "supervised"):
         space = SearchSpace(LIVE, "xla", blocks_q=(64, 128), blocks_kv=(64, 128))
         heuristic = heuristic_config(LIVE.pattern, "xla", LIVE.dtype)
-        if kind == "in-process":
+        if kind.startswith("in-process"):
             bench = WorkloadBench(LIVE, "xla", OPTIONS, inject={heuristic.key: "wrong"})
             yield Case(space, contextlib.nullcontext(bench), heuristic, "wrong", 3)
         else:
@@ -110,16 +118,20 @@ def _case(kind: str, tmp_path: Path) -> Iterator[Case]:
         worker.close()
 
 
-@pytest.mark.parametrize("kind", ["in-process", "supervised", "replay", "worker"])
+@pytest.mark.parametrize("kind", ["in-process", "in-process-ahead", "supervised", "replay", "worker"])
 def test_measurer_contract(kind: str, tmp_path: Path) -> None:
+    lookahead = 2 if kind.endswith("-ahead") else 0
     with _case(kind, tmp_path) as case, case.measurer as measurer:
         spy = Spy(measurer)
-        result = run_search(case.space, spy, SearchOptions(trials=case.trials, seed=0, retime_rounds=1, retime_runs=2))
+        options = SearchOptions(trials=case.trials, seed=0, retime_rounds=1, retime_runs=2, lookahead=lookahead)
+        result = run_search(case.space, spy, options)
         ok = next(t for t in result.trials if t.measurement.status == "ok")
         retimed = spy.retime(ok.config, 3)
         anchors = [spy.anchor_runs("dense", 2), spy.anchor_runs("tiled_dense", 2, ok.config)]
     keys = [c.key for c in spy.measured]
     assert len(keys) == len(set(keys)), "params measured twice"
+    # Looking ahead, every measured config was announced first (and nothing else was); otherwise none.
+    assert [c.key for c in spy.prefetched] == (keys if lookahead else [])
     assert all(case.space.violation(c) is None for c in spy.measured), "an invalid point was measured"
     assert spy.measured[0] == case.failing  # the warm start proposes the heuristic first
     failed = result.trials[0].measurement
@@ -129,7 +141,7 @@ def test_measurer_contract(kind: str, tmp_path: Path) -> None:
     assert result.best is not None and result.best.measurement.status == "ok"
     assert result.best.config != case.failing
     assert len(retimed) == 3 and all(t > 0 for t in retimed)
-    live = kind in ("in-process", "supervised")
+    live = kind in ("in-process", "in-process-ahead", "supervised")
     assert all((len(runs) == 2 and min(runs) > 0) if live else len(runs) in (0, 2) for runs in anchors)
     # The winner was timed beside its anchors: a live measurer has both; a replay answers what its table
     # recorded (format-2 tables hold dense, and tiled dense for their fastest configs only).
