@@ -17,13 +17,12 @@ from __future__ import annotations
 import queue
 import random
 import threading
-import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from autotune.space import SearchSpace
-from autotune.supervisor import ChildCrashedError, SupervisedChild
+from autotune.supervisor import ChildCrashedError, SupervisedChild, serve_requests
 from kernel.config import TileConfig
 from kernel.tpu_compile import CompileOutcome
 from kernel.workload import Workload
@@ -33,30 +32,21 @@ def _compile_main(conn: Any, workload: dict[str, Any], device_kind: str) -> None
     from kernel.tpu_compile import compile_for_tpu
     from kernel.tpu_targets import target_device
 
-    try:
+    def setup() -> Callable[[str, Any], Any]:
         wl = Workload.from_dict(workload)
         target_device(device_kind)  # load the compiler before saying ready
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            op, payload = conn.recv()
-        except EOFError:
-            return
-        if op == "stop":
-            return
-        try:
+
+        def handle(op: str, payload: Any) -> Any:
             if op != "compile":
                 raise ValueError(f"unknown op {op!r}")
             config = TileConfig.from_dict(payload)
-            outcome = compile_for_tpu(
+            return compile_for_tpu(
                 wl.pattern, config, device_kind, batch=wl.batch, head_dim=wl.head_dim, dtype=wl.dtype
-            )
-            conn.send(("ok", outcome.to_dict()))
-        except Exception:
-            conn.send(("error", traceback.format_exc()))
+            ).to_dict()
+
+        return handle
+
+    serve_requests(conn, setup)
 
 
 class CompileChild(SupervisedChild):

@@ -42,12 +42,6 @@ class Measurer(Protocol):
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]: ...
 
 
-class Prefetching(Protocol):
-    """A measurer that can start preparing (compiling) a config it will be asked to measure soon."""
-
-    def prefetch(self, config: TileConfig) -> None: ...
-
-
 class Coordinator(Protocol):
     """The shared book-keeping of a search that several processes run on one study
     (the tuning workers of one job): the budget, who measures what, when to stop.
@@ -199,6 +193,7 @@ def run_search(
     # Proposed and reserved, not yet measured: with ``options.lookahead`` > 0 the next configs are
     # proposed while the current one is measured, and a prefetching measurer prepares them.
     pending: collections.deque[tuple[optuna.Trial, TileConfig]] = collections.deque()
+    # A measurer that can prepare a config before it is asked to measure it has ``prefetch(config)``.
     prefetch = getattr(measurer, "prefetch", None) if options.lookahead > 0 else None
     proposing = True
 

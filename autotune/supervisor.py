@@ -14,6 +14,7 @@ import multiprocessing as mp
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, Self
 
 from autotune.measure import Measurement, MeasureOptions
@@ -21,14 +22,12 @@ from kernel.config import TileConfig
 from kernel.workload import Workload
 
 
-def _child_main(
-    conn: Any, workload: dict[str, Any], backend: str, options: dict[str, Any], inject: dict[str, str]
-) -> None:
-    from autotune.measure import MeasureOptions as Options
-    from autotune.measure import WorkloadBench
-
+def serve_requests(conn: Any, setup: Callable[[], Callable[[str, Any], Any]]) -> None:
+    """The child side of :class:`SupervisedChild`: ``setup()`` builds the request handler (its
+    failure is sent as the start-up error), then every ``(op, payload)`` is answered with
+    ``("ok", handler(op, payload))`` or ``("error", traceback)`` until ``stop`` or a closed pipe."""
     try:
-        bench = WorkloadBench(Workload.from_dict(workload), backend, Options(**options), inject)
+        handle = setup()
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -38,26 +37,40 @@ def _child_main(
             op, payload = conn.recv()
         except EOFError:
             return
+        if op == "stop":
+            return
         try:
-            if op == "measure":
-                config, prune = payload
-                result: Any = bench.measure(TileConfig.from_dict(config), prune).to_dict()
-            elif op == "retime":
-                config, runs = payload
-                result = bench.retime(TileConfig.from_dict(config), runs)
-            elif op == "prefetch":
-                bench.prefetch(TileConfig.from_dict(payload))
-                result = None
-            elif op == "anchor":
-                anchor, runs, config = payload
-                result = bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
-            elif op == "stop":
-                return
-            else:
-                raise ValueError(f"unknown op {op!r}")
-            conn.send(("ok", result))
+            conn.send(("ok", handle(op, payload)))
         except Exception:
             conn.send(("error", traceback.format_exc()))
+
+
+def _child_main(
+    conn: Any, workload: dict[str, Any], backend: str, options: dict[str, Any], inject: dict[str, str]
+) -> None:
+    from autotune.measure import MeasureOptions as Options
+    from autotune.measure import WorkloadBench
+
+    def setup() -> Callable[[str, Any], Any]:
+        bench = WorkloadBench(Workload.from_dict(workload), backend, Options(**options), inject)
+
+        def handle(op: str, payload: Any) -> Any:
+            if op == "measure":
+                config, prune = payload
+                return bench.measure(TileConfig.from_dict(config), prune).to_dict()
+            if op == "retime":
+                config, runs = payload
+                return bench.retime(TileConfig.from_dict(config), runs)
+            if op == "prefetch":
+                return bench.prefetch(TileConfig.from_dict(payload))
+            if op == "anchor":
+                anchor, runs, config = payload
+                return bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
+            raise ValueError(f"unknown op {op!r}")
+
+        return handle
+
+    serve_requests(conn, setup)
 
 
 class ChildCrashedError(RuntimeError):

@@ -8,11 +8,14 @@ compile-only targets) and no TPU:
    compiling in line (``lookahead`` 0: propose, compile, run) against the pipeline
    (the search proposes ``lookahead`` configs ahead and ``processes`` compiling
    processes prepare them while the device runs). Both modes run with the same seed in
-   interleaved rounds (each round runs both, in a fresh random order). Reported per
+   interleaved rounds (each round runs both, in a fresh random order). Compile times
+   differ from config to config by 10x and more, so both modes must measure the same
+   configs: the bench's sampler is ``random`` by default (after the warm start), whose
+   proposals do not depend on results, and the report says whether the sequences matched. Reported per
    mode: the device-busy fraction (medians over rounds), and the seconds the device
    waited for a compile after the first trial (the first wait is the pipeline filling).
 2. **Compile throughput** of a compile worker (``tiletune worker --compile-only``) with
-   1 and ``processes`` compiling processes: verdicts per minute on a queued TPU job of
+   1, 2 and ``processes`` compiling processes: verdicts per minute on a queued TPU job of
    the same workload, the processes' start-up included, against a temporary SQLite
    database.
 
@@ -51,13 +54,16 @@ class PipelineBenchOptions:
     preset: str = "cpu-demo"
     generation: str = "v6e"
     trials: int = 12  # measured configs per search
-    processes: int = 2  # compiling processes of the pipeline and of the faster compile worker
-    lookahead: int = 2
+    # Compiling processes of the pipeline. One XLA:TPU compile keeps more than one core busy: on
+    # this 2-core machine a second process compiled no faster (see the README), so 1 by default.
+    processes: int = 1
+    lookahead: int = 1
     trial_s: float = 1.0  # device seconds per trial besides its timed runs (see autotune.pipeline)
     runs: int = 10
     rounds: int = 2
     seed: int = 0
     worker_configs: int = 12  # verdicts per compile-worker measurement (0: skip that part)
+    sampler: str = "random"  # proposals independent of results: both modes measure the same configs
 
 
 def tpu_workload(preset: str, generation: str) -> Workload:
@@ -68,9 +74,12 @@ def tpu_workload(preset: str, generation: str) -> Workload:
 def _search_once(workload: Workload, opts: PipelineBenchOptions, lookahead: int, seed: int) -> dict[str, Any]:
     processes = opts.processes if lookahead > 0 else 1
     with CompilePool(workload, processes) as pool:
-        pool.submit(SearchSpace(workload, "tpu").enumerate()[0]).result()  # the processes are up before the clock
+        # Every compiling process is up before the clock starts (one warm-up compile each, at once).
+        first = SearchSpace(workload, "tpu").enumerate()[0]
+        for warm in [pool.submit(first) for _ in range(processes)]:
+            warm.result()
         device = ReplayedDevice(workload, pool, runs=opts.runs, trial_s=opts.trial_s)
-        options = SearchOptions(trials=opts.trials, seed=seed, lookahead=lookahead, prune=False)
+        options = SearchOptions(trials=opts.trials, sampler=opts.sampler, seed=seed, lookahead=lookahead, prune=False)
         start = time.monotonic()
         result = run_search(SearchSpace(workload, "tpu"), device, options, finalize=False)
         wall = time.monotonic() - start
@@ -81,9 +90,11 @@ def _search_once(workload: Workload, opts: PipelineBenchOptions, lookahead: int,
         "wall_s": wall,
         "busy_fraction": log.busy_fraction,
         "busy_s": log.busy_s,
+        "device_s_per_trial": log.busy_s / len(result.trials) if result.trials else None,
         "waiting_s": log.waiting_s,
         "waiting_after_first_s": sum(log.waits_s[1:]),
         "refused": sum(not c.ok for c in log.compiles),
+        "configs": [t.config.key for t in result.trials],
         "waits_s": [round(w, 4) for w in log.waits_s],  # per trial, in order
         "compile_s": [round(c.compile_s, 4) for c in log.compiles],
         "median_compile_s": statistics.median(compiles) if compiles else None,
@@ -143,11 +154,16 @@ def run_pipeline_bench(opts: PipelineBenchOptions, progress: Callable[[str], Non
             "waiting_after_first_s": statistics.median(r["waiting_after_first_s"] for r in rows),
             "wall_s": statistics.median(r["wall_s"] for r in rows),
             "median_compile_s": statistics.median(r["median_compile_s"] or 0.0 for r in rows),
+            "device_s_per_trial": statistics.median(r["device_s_per_trial"] or 0.0 for r in rows),
             "runs": rows,
         }
+    # Whether compiling can keep up at all: configs the pipeline's processes compile per second
+    # (at the compile time the in-line mode saw, one process alone) against trials the device runs.
+    solo = summary["inline"]["median_compile_s"]
+    device = summary["inline"]["device_s_per_trial"]
     rates = []
     if opts.worker_configs:
-        for processes in sorted({1, opts.processes}):
+        for processes in sorted({1, 2, opts.processes}):
             progress(f"compile worker with {processes} process(es): {opts.worker_configs} configs")
             rates.append(compile_worker_rate(workload, processes, opts.worker_configs))
     return {
@@ -155,6 +171,9 @@ def run_pipeline_bench(opts: PipelineBenchOptions, progress: Callable[[str], Non
         "device_kind": workload.device_kind,
         "versions": software_versions("tpu"),
         "modes": summary,
+        "same_configs": len({tuple(r["configs"]) for rows in runs.values() for r in rows}) == 1,
+        "compile_capacity_per_s": opts.processes / solo if solo else None,
+        "device_trials_per_s": 1 / device if device else None,
         "compile_worker": rates,
     }
 
@@ -178,6 +197,15 @@ def print_pipeline_report(report: dict[str, Any], out: Any) -> None:
             f"{s['median_compile_s']:.2f}",
         )
     out.print(table)
+    if not report["same_configs"]:
+        out.print("[yellow]the modes measured different configs: their compile times are not comparable[/yellow]")
+    capacity, demand = report["compile_capacity_per_s"], report["device_trials_per_s"]
+    if capacity and demand:
+        verdict = "can keep the device busy" if capacity >= demand else "cannot keep the device busy"
+        out.print(
+            f"{o['processes']} compiling process(es) at the in-line compile time: {capacity:.2f} configs/s; "
+            f"the device runs {demand:.2f} trials/s: compiling ahead {verdict} on this host"
+        )
     for rate in report["compile_worker"]:
         out.print(
             f"compile worker, {rate['processes']} process(es): {rate['verdicts']} verdicts "

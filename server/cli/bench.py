@@ -332,8 +332,8 @@ def bench_pipeline_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")] = "cpu-demo",
     generation: Annotated[str, typer.Option(help="TPU generation: v4, v5e, v5p, v6e, tpu7x.")] = "v6e",
     trials: Annotated[int, typer.Option(min=2, help="Measured configs per search.")] = 12,
-    processes: Annotated[int, typer.Option(min=1, help="Compiling processes of the pipeline.")] = 2,
-    lookahead: Annotated[int, typer.Option(min=1, help="Configs the pipelined search proposes ahead.")] = 2,
+    processes: Annotated[int, typer.Option(min=1, help="Compiling processes of the pipeline.")] = 1,
+    lookahead: Annotated[int, typer.Option(min=1, help="Configs the pipelined search proposes ahead.")] = 1,
     trial_s: Annotated[
         float, typer.Option(min=0, help="Replayed device seconds per trial besides its runs (warm-up, checks).")
     ] = 1.0,
@@ -342,6 +342,9 @@ def bench_pipeline_cmd(
         int, typer.Option(min=0, help="Verdicts per compile-worker throughput measurement (0: skip it).")
     ] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the searches and of the rounds' order.")] = 0,
+    sampler: Annotated[
+        str, typer.Option(help="Sampler of both searches (random: the same configs in both modes).")
+    ] = "random",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Device-busy fraction of a tpu search with real compiles and a replayed device, compiling in line
@@ -359,6 +362,7 @@ def bench_pipeline_cmd(
         rounds=rounds,
         seed=seed,
         worker_configs=worker_configs,
+        sampler=sampler,
     )
     _run(run_pipeline_bench, opts, print_pipeline_report, as_json, errors=(ValueError, TpuCompilerUnavailableError))
 

@@ -39,5 +39,6 @@ def test_bench_pipeline_runs_both_modes_and_a_compile_worker(monkeypatch: pytest
     (run,) = inline["runs"]
     # In line, every trial's config starts compiling when the device asks for it: it waits the whole compile.
     assert all(wait >= compile_s for wait, compile_s in zip(run["waits_s"], run["compile_s"], strict=True))
-    (rate,) = report["compile_worker"]
-    assert rate["processes"] == 1 and rate["verdicts"] == 2 and rate["per_minute"] > 0
+    assert report["same_configs"]  # the random sampler proposes alike whatever the mode
+    assert [r["processes"] for r in report["compile_worker"]] == [1, 2]
+    assert all(r["verdicts"] == 2 and r["per_minute"] > 0 for r in report["compile_worker"])

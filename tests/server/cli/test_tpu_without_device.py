@@ -34,6 +34,7 @@ def test_backend_tpu_without_a_tpu_is_one_line_naming_the_compile_only_role(
     line = lines[0]
     assert line.startswith(f"error: `tiletune {command[0]} --backend tpu` times configs on a TPU device")
     assert "only compile for TPU, as a compile-only host" in line
+    assert "`tiletune worker --compile-only` compiles the configs of queued TPU jobs" in line
     assert "tiletune bench compile" in line
     assert ("pip install -e '.[tpu]'" in line) is not libtpu
     assert "Traceback" not in result.output
