@@ -66,13 +66,19 @@ def scalar_prefetch(tables: BlockTables, head_params: np.ndarray, variant: str) 
     return kinds, params
 
 
-def scalar_prefetch_bytes(tables: BlockTables, head_params: np.ndarray, variant: str) -> int:
-    """``sum(a.nbytes for a in scalar_prefetch(...))`` without building the arrays (the dense
+def scalar_prefetch_sizes(tables: BlockTables, head_params: np.ndarray, variant: str) -> tuple[int, ...]:
+    """``tuple(a.nbytes for a in scalar_prefetch(...))`` without building the arrays (the dense
     grid's table of a long sequence is large; the budget check asks for thousands of configs)."""
+    params = head_params.size * 4
     if variant == "compact":
         steps = max(1, sum(t.num_tiles for t in tables.heads))
-        return 2 * steps * 4 + head_params.size * 4
-    return tables.num_heads * tables.num_q_blocks * tables.num_kv_blocks * 4 + head_params.size * 4
+        return steps * 4, steps * 4, params
+    return tables.num_heads * tables.num_q_blocks * tables.num_kv_blocks * 4, params
+
+
+def scalar_prefetch_bytes(tables: BlockTables, head_params: np.ndarray, variant: str) -> int:
+    """``sum(a.nbytes for a in scalar_prefetch(...))`` without building the arrays."""
+    return sum(scalar_prefetch_sizes(tables, head_params, variant))
 
 
 def compact_steps(tables: BlockTables) -> tuple[np.ndarray, np.ndarray]:

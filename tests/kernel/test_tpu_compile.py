@@ -102,6 +102,26 @@ def test_smem_exhaustion_is_a_classified_outcome_and_the_estimate_agrees() -> No
 
 
 @needs_libtpu
+@pytest.mark.parametrize(
+    ("tokens_per_frame", "config", "fits"),
+    [
+        # 1,048,352 + 16 bytes of tables: under 1 MiB (the estimate once called it valid), refused
+        (23150, TileConfig("naive", 128, 256, 128), False),
+        # 1,044,484 + 16 bytes: 3 KiB left once rounded up, the least with which it compiles
+        (16350, TileConfig("naive", 128, 128, 128), True),
+    ],
+)
+def test_smem_boundary_configs_compile_as_estimated(tokens_per_frame: int, config: TileConfig, fits: bool) -> None:
+    """The SMEM estimate's boundary (tests/kernel/test_budget.py) against the compiler itself, on
+    one head of 4 frames: a compile of under a second each."""
+    pattern = SparsityPattern(VideoLayout(4, tokens_per_frame), (HeadPattern.spatial(1),))
+    verdict = compile_gate(Workload("TPU v6 lite", "tpu", "bfloat16", 1, 128, pattern), config)
+    assert verdict.outcome.ok == fits, verdict.outcome.error
+    assert fits or verdict.outcome.cause == "smem"
+    assert verdict.agree, verdict.estimate
+
+
+@needs_libtpu
 def test_a_rule_violation_is_refused_before_compiling() -> None:
     outcome = compile_for_tpu(PLACED, TileConfig("compact", 120, 128, 0), "v6e", dtype="bfloat16")
     assert (outcome.ok, outcome.cause, outcome.calls) == (False, "rule", 0)
