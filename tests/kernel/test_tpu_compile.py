@@ -17,7 +17,7 @@ from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import TOLERANCE, reference_attention
-from kernel.tpu_compile import classify, compile_for_tpu
+from kernel.tpu_compile import classify, compile_for_tpu, error_line
 from kernel.tpu_targets import GENERATIONS, TpuCompilerUnavailableError, libtpu_installed, target_device, tpu_target
 from kernel.workload import Workload
 
@@ -66,6 +66,21 @@ def test_compile_errors_are_classified_by_cause() -> None:
     assert classify("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ...") == "vmem"
     assert classify("INTERNAL: Mosaic failed to compile TPU kernel: unsupported layout") == "layout"
     assert classify("INTERNAL: something else") == "other"
+
+
+def test_a_vmem_overflow_keeps_its_sizes() -> None:
+    """XLA's first line of a scoped-VMEM overflow names no size; the sentence that does is kept
+    (message of compact q2048 kv2048/1024 bf16 on v5e)."""
+    exc = RuntimeError(
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out of memory in memory space vmem while "
+        "allocating on stack for %tiletune_compact.1 = bf16[1,1,4096,128] custom-call(...). Scoped allocation "
+        "with size 21.59M and limit 16.00M exceeded scoped vmem limit by 5.59M. It should not be possible"
+    )
+    assert error_line(exc) == (
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Scoped allocation with size 21.59M and limit "
+        "16.00M exceeded scoped vmem limit by 5.59M"
+    )
+    assert error_line(RuntimeError("INTERNAL: one line\nmore")) == "INTERNAL: one line"
 
 
 @needs_libtpu
