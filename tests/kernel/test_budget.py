@@ -1,7 +1,9 @@
-"""The SMEM estimate against what the TPU compiler was measured to need (kernel/budget.py).
+"""The SMEM and VMEM estimates against what the TPU compiler was measured to need (kernel/budget.py,
+kernel.pallas_backend.vmem_bytes).
 
 Pure estimates, no libtpu: each case states the compiler's verdict on it (jax 0.10.2, libtpu
-0.0.42.1, compile-only targets); tests/kernel/test_tpu_compile.py compiles two of them for real.
+0.0.42.1, compile-only targets); tests/kernel/test_tpu_compile.py compiles two SMEM cases for real
+(a VMEM case takes 20-70 s to compile, too slow for the suite).
 """
 
 from __future__ import annotations
@@ -71,3 +73,42 @@ def test_the_tightest_preset_config_that_compiled_still_fits(kind: str) -> None:
     config (3,584 bytes after rounding); it compiled on v5e, v6e and TPU7x."""
     config = TileConfig("compact", 128, 128, 128, "frame_major", "frame", "by_pattern")
     assert smem_verdict(PRESETS["wan2.1-480p"].pattern(), config, kind) is None
+
+
+def vmem_verdict(config: TileConfig, kind: str, dtype: str, head_dim: int) -> str | None:
+    return budget_violation(JUST_UNDER, config, device_kind=kind, head_dim=head_dim, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "dtype", "head_dim", "asked"),
+    [
+        # estimated 13.0 MiB by one sub-block's score tiles; the compiler (wan2.1-720p's heads):
+        # "Scoped allocation with size 17.57M and limit 16.00M exceeded scoped vmem limit"
+        ("TPU v5 lite", TileConfig("split", 2048, 2048, 256), "bfloat16", 128, "17.57M"),
+        # a 64-wide head pads to 128 lanes: the same 17.57M (cogvideox1.5's heads)
+        ("TPU v5 lite", TileConfig("split", 2048, 2048, 256), "bfloat16", 64, "17.57M"),
+        # f32 grows with the unrolled sub-blocks: estimated 9.5 MiB, asked 62.11M (cpu-demo's heads)
+        ("TPU v5 lite", TileConfig("split", 2048, 2048, 128), "float32", 64, "62.11M"),
+        ("TPU v5 lite", TileConfig("split", 2048, 1024, 256), "float32", 64, "27.09M"),
+        # estimated 18.5 MiB under v6e's 32; "Scoped allocation with size 33.32M and limit 32.00M"
+        ("TPU v6 lite", TileConfig("split", 2048, 2048, 512), "float32", 64, "33.32M"),
+    ],
+)
+def test_tiles_the_compiler_found_too_big_for_vmem_are_refused(
+    kind: str, config: TileConfig, dtype: str, head_dim: int, asked: str
+) -> None:
+    reason = vmem_verdict(config, kind, dtype, head_dim)
+    assert reason is not None and reason.startswith("vmem"), f"the compiler asked for {asked}: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "dtype", "head_dim"),
+    [
+        # the largest tiles that compiled for these limits (every variant, wan2.1-720p's heads)
+        ("TPU v6 lite", TileConfig("compact", 2048, 2048, 1024), "bfloat16", 128),
+        ("TPU7x", TileConfig("naive", 2048, 2048, 1024), "bfloat16", 128),
+        ("TPU v5 lite", TileConfig("naive", 1024, 1024, 1024), "bfloat16", 128),
+    ],
+)
+def test_tiles_that_compiled_near_the_vmem_limit_fit(kind: str, config: TileConfig, dtype: str, head_dim: int) -> None:
+    assert vmem_verdict(config, kind, dtype, head_dim) is None
