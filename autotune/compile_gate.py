@@ -5,7 +5,8 @@ estimate agree?
 ``TileConfig.check_tpu`` and the VMEM/SMEM budget model of :mod:`kernel.budget`), then
 compiles for real on a compile-only target (:func:`kernel.tpu_compile.compile_for_tpu`),
 and returns both with the software versions the verdict holds for: the compiler is the
-judge, the estimate the pre-filter whose disagreements with it are worth knowing. A
+judge, the estimate (:func:`kernel.candidates.tpu_violation`, the one the search space
+uses) the pre-filter whose disagreements with it are worth knowing. A
 verdict is about the compiler of these versions; running (and timing) still needs a TPU.
 """
 
@@ -15,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from autotune.versions import software_versions
-from kernel.budget import budget_violation
+from kernel.candidates import tpu_violation
 from kernel.config import TileConfig
 from kernel.tpu_compile import CompileOutcome, compile_for_tpu
 from kernel.tpu_targets import tpu_target
@@ -46,17 +47,6 @@ class GateVerdict:
         }
 
 
-def estimate(workload: Workload, config: TileConfig, device_kind: str) -> str | None:
-    """Why the estimates say ``config`` does not fit ``device_kind``, or None (milliseconds)."""
-    try:
-        config.check_tpu(workload.dtype)
-    except ValueError as exc:
-        return str(exc)
-    return budget_violation(
-        workload.pattern, config, device_kind=device_kind, head_dim=workload.head_dim, dtype=workload.dtype
-    )
-
-
 def compile_gate(workload: Workload, config: TileConfig, target: str | None = None) -> GateVerdict:
     """Estimate, then compile, ``config`` of ``workload`` for ``target`` (a generation such as
     ``v6e`` or a device kind; default the workload's own device kind)."""
@@ -69,4 +59,4 @@ def compile_gate(workload: Workload, config: TileConfig, target: str | None = No
         head_dim=workload.head_dim,
         dtype=workload.dtype,
     )
-    return GateVerdict(config, estimate(workload, config, kind), outcome, software_versions("tpu"))
+    return GateVerdict(config, tpu_violation(workload, config, kind), outcome, software_versions("tpu"))

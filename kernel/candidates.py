@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from math import lcm
 from typing import Any
 
@@ -158,25 +158,49 @@ def violation(
             continue
         if value not in choices:
             return f"{name}: {value!r} is not one of {choices}"
+
+    def padding_violation() -> str | None:  # (after the tiling rules on TPU)
+        if config.block_kv % config.block_kv_compute:
+            return "block_kv_compute must divide block_kv"
+        extra = padding(workload, config)
+        bound = padding_bound(workload, dims, max_padding)
+        if extra > bound + 1e-9:
+            if bound > max_padding:
+                return f"padding: {extra:.0%} extra tokens > {bound:.0%}, the least any tile size of the grid pads"
+            return f"padding: {extra:.0%} extra tokens > {max_padding:.0%}"
+        return None
+
     if tpu:
-        try:
-            config.check_tpu(workload.dtype)
-        except ValueError as exc:
-            return str(exc)
-    if config.block_kv % config.block_kv_compute:
-        return "block_kv_compute must divide block_kv"
-    extra = padding(workload, config)
-    bound = padding_bound(workload, dims, max_padding)
-    if extra > bound + 1e-9:
-        if bound > max_padding:
-            return f"padding: {extra:.0%} extra tokens > {bound:.0%}, the least any tile size of the grid pads"
-        return f"padding: {extra:.0%} extra tokens > {max_padding:.0%}"
-    if tpu:
-        return budget_violation(
-            workload.pattern,
-            config,
-            device_kind=workload.device_kind,
-            head_dim=workload.head_dim,
-            dtype=workload.dtype,
-        )
-    return None
+        return tpu_violation(workload, config, before_memory=padding_violation)
+    return padding_violation()
+
+
+def tpu_violation(
+    workload: Workload,
+    config: TileConfig,
+    device_kind: str | None = None,
+    *,
+    before_memory: Callable[[], str | None] | None = None,
+) -> str | None:
+    """Why the estimates say ``config`` of ``workload`` cannot run on the TPU ``device_kind``
+    (default the workload's), or None: the one estimate of TPU validity that the search
+    space (:func:`violation`), the compile gate and ``tiletune bench compile`` share.
+
+    In order: the TPU tiling rules (:meth:`TileConfig.check_tpu`, free), then the caller's
+    ``before_memory`` check if any (the search space's padding rule, cheap), then the memory
+    budget of :func:`kernel.budget.budget_violation` (VMEM, then SMEM, whose tables are
+    built: the costly part). Memory reasons start with ``vmem`` or ``smem``.
+    """
+    try:
+        config.check_tpu(workload.dtype)
+    except ValueError as exc:
+        return str(exc)
+    if before_memory is not None and (reason := before_memory()) is not None:
+        return reason
+    return budget_violation(
+        workload.pattern,
+        config,
+        device_kind=device_kind or workload.device_kind,
+        head_dim=workload.head_dim,
+        dtype=workload.dtype,
+    )

@@ -41,14 +41,35 @@ TPU_LANES = 128  # a (rows, 1) f32 scratch occupies a whole 128-lane row of VMEM
 
 
 def vmem_bytes(block_q: int, block_kv: int, block_kv_compute: int, head_dim: int, itemsize: int) -> int:
-    """VMEM one grid step of :func:`pallas_block_sparse` holds, from its BlockSpecs and scratch:
-    the q, k, v input blocks and the output block, each double-buffered by the pipeline; the
-    f32 online-softmax scratch (m and l lane-padded, the accumulator); and the f32 score,
-    probability and mask tiles of one ``block_kv_compute`` sub-block."""
-    blocks = 2 * (block_q * head_dim + 2 * block_kv * head_dim) * itemsize + 2 * block_q * head_dim * itemsize
-    scratch = 2 * block_q * TPU_LANES * 4 + block_q * head_dim * 4
-    scores = 3 * block_q * block_kv_compute * 4
-    return blocks + scratch + scores
+    """VMEM one grid step of :func:`pallas_block_sparse` needs, from its BlockSpecs, its scratch
+    and what Mosaic was measured to allocate for its temporaries.
+
+    - the q, k, v input blocks and the output block, each double-buffered by the pipeline, with
+      ``head_dim`` padded to whole 128-lane rows (a 64-wide head uses as much VMEM as a 128-wide
+      one: measured, the same scoped allocation for both);
+    - the f32 online-softmax scratch (m and l lane-padded, the accumulator);
+    - the temporaries of the ``block_kv // block_kv_compute`` sub-blocks, which the kernel unrolls.
+      Measured with jax 0.10.2 / libtpu 0.0.42.1 (compile-only v5e and v6e, whose errors give
+      "Scoped allocation with size X": see :mod:`kernel.budget`), they do not fit one sub-block's
+      score tiles: bf16 q2048 x kv2048 asked for 16.2-17.6 MiB with sub-blocks of 128, 256 or 512
+      (3 score tiles of one sub-block: 10-13 MiB in all), and f32, whose dots run at HIGHEST
+      precision, grows with the number of sub-blocks: q2048 x kv2048 asked 30.6 (v6e 33.3), 39.7 and
+      62.1 MiB with 4, 8 and 16 sub-blocks, q2048 x kv1024 21.2 and 27.1 MiB with 2 and 4. So bf16
+      charges at least 3 bytes per element of the whole q x kv tile, and f32 one score tile plus
+      five lane-padded f32 columns of ``block_q`` rows per sub-block (and one more), never less
+      than the three score tiles of one sub-block. Every measured overflow is above this, and
+      every measured config under it compiled.
+    """
+    lanes = -(-head_dim // TPU_LANES) * TPU_LANES
+    blocks = (2 * (block_q + 2 * block_kv) + 2 * block_q) * lanes * itemsize
+    scratch = 2 * block_q * TPU_LANES * 4 + block_q * lanes * 4
+    score = block_q * block_kv_compute * 4
+    if itemsize == 4:
+        column, sub_blocks = block_q * TPU_LANES * 4, block_kv // block_kv_compute
+        temporaries = max(3 * score, score + (1 + 5 * sub_blocks) * column)
+    else:
+        temporaries = max(3 * score, 3 * block_q * block_kv)
+    return blocks + scratch + temporaries
 
 
 def scalar_prefetch(tables: BlockTables, head_params: np.ndarray, variant: str) -> tuple[np.ndarray, ...]:
@@ -66,13 +87,19 @@ def scalar_prefetch(tables: BlockTables, head_params: np.ndarray, variant: str) 
     return kinds, params
 
 
-def scalar_prefetch_bytes(tables: BlockTables, head_params: np.ndarray, variant: str) -> int:
-    """``sum(a.nbytes for a in scalar_prefetch(...))`` without building the arrays (the dense
+def scalar_prefetch_sizes(tables: BlockTables, head_params: np.ndarray, variant: str) -> tuple[int, ...]:
+    """``tuple(a.nbytes for a in scalar_prefetch(...))`` without building the arrays (the dense
     grid's table of a long sequence is large; the budget check asks for thousands of configs)."""
+    params = head_params.size * 4
     if variant == "compact":
         steps = max(1, sum(t.num_tiles for t in tables.heads))
-        return 2 * steps * 4 + head_params.size * 4
-    return tables.num_heads * tables.num_q_blocks * tables.num_kv_blocks * 4 + head_params.size * 4
+        return steps * 4, steps * 4, params
+    return tables.num_heads * tables.num_q_blocks * tables.num_kv_blocks * 4, params
+
+
+def scalar_prefetch_bytes(tables: BlockTables, head_params: np.ndarray, variant: str) -> int:
+    """``sum(a.nbytes for a in scalar_prefetch(...))`` without building the arrays."""
+    return sum(scalar_prefetch_sizes(tables, head_params, variant))
 
 
 def compact_steps(tables: BlockTables) -> tuple[np.ndarray, np.ndarray]:

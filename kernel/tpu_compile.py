@@ -22,6 +22,7 @@ asking for obviously oversized configs; this compile says what really fits.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any, Literal
 
@@ -43,6 +44,8 @@ MEMORY_FIELDS = (
     "generated_code_size_in_bytes",
 )
 _LAYOUT_WORDS = ("layout", "tiling", "not implemented", "unsupported", "relayout", "shape cast")
+# XLA's scoped-VMEM overflow says how much was asked for on a later line than its first.
+_VMEM_SIZES = re.compile(r"Scoped allocation with size \S+ and limit \S+ exceeded scoped vmem limit by [0-9.]+\w*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,14 @@ def classify(message: str) -> Cause:
     return "other"
 
 
+def error_line(exc: BaseException) -> str:
+    """The compiler's first error line, with the sizes of a scoped-VMEM overflow appended (its first
+    line is only "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:")."""
+    line = first_line(exc)
+    sizes = _VMEM_SIZES.search(str(exc))
+    return f"{line} {sizes.group(0)}" if sizes and sizes.group(0) not in line else line
+
+
 def compile_for_tpu(
     pattern: SparsityPattern,
     config: TileConfig,
@@ -118,7 +129,7 @@ def compile_for_tpu(
             compiled = lowered.compile()
         except Exception as exc:  # XlaRuntimeError (RESOURCE_EXHAUSTED, INTERNAL, ...) from XLA or Mosaic
             seconds += time.perf_counter() - start
-            return CompileOutcome(kind, False, seconds, calls, cause=classify(str(exc)), error=first_line(exc))
+            return CompileOutcome(kind, False, seconds, calls, cause=classify(str(exc)), error=error_line(exc))
         seconds += time.perf_counter() - start
         calls += 1
         stats = compiled.memory_analysis()

@@ -21,9 +21,10 @@ import statistics
 import time
 from typing import Any
 
-from autotune.compile_gate import compile_gate, estimate
+from autotune.compile_gate import compile_gate
 from autotune.space import SearchSpace
 from autotune.versions import software_versions
+from kernel.candidates import tpu_violation
 from kernel.config import TileConfig
 from kernel.presets import get_preset
 from kernel.tpu_targets import require_libtpu, tpu_target
@@ -72,7 +73,7 @@ def bench_compile(opts: CompileBenchOptions, progress: Any = None) -> dict[str, 
     preset = get_preset(opts.preset)
     workload = Workload(target.device_kind, "tpu", preset.dtype, 1, preset.head_dim, preset.pattern())
     configs = space_configs(workload)
-    estimates = {c.key: estimate(workload, c, target.device_kind) for c in configs}
+    estimates = {c.key: tpu_violation(workload, c) for c in configs}
     rejected = {k for k, reason in estimates.items() if reason is not None}
     chosen = pick(configs, rejected, opts.sample, opts.seed)
     rows: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import TOLERANCE, reference_attention
-from kernel.tpu_compile import classify, compile_for_tpu
+from kernel.tpu_compile import classify, compile_for_tpu, error_line
 from kernel.tpu_targets import GENERATIONS, TpuCompilerUnavailableError, libtpu_installed, target_device, tpu_target
 from kernel.workload import Workload
 
@@ -68,6 +68,21 @@ def test_compile_errors_are_classified_by_cause() -> None:
     assert classify("INTERNAL: something else") == "other"
 
 
+def test_a_vmem_overflow_keeps_its_sizes() -> None:
+    """XLA's first line of a scoped-VMEM overflow names no size; the sentence that does is kept
+    (message of compact q2048 kv2048/1024 bf16 on v5e)."""
+    exc = RuntimeError(
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:\nRan out of memory in memory space vmem while "
+        "allocating on stack for %tiletune_compact.1 = bf16[1,1,4096,128] custom-call(...). Scoped allocation "
+        "with size 21.59M and limit 16.00M exceeded scoped vmem limit by 5.59M. It should not be possible"
+    )
+    assert error_line(exc) == (
+        "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: Scoped allocation with size 21.59M and limit "
+        "16.00M exceeded scoped vmem limit by 5.59M"
+    )
+    assert error_line(RuntimeError("INTERNAL: one line\nmore")) == "INTERNAL: one line"
+
+
 @needs_libtpu
 @pytest.mark.parametrize("generation", GATE_GENERATIONS)
 @pytest.mark.parametrize("variant", ["naive", "split", "compact"])
@@ -99,6 +114,26 @@ def test_smem_exhaustion_is_a_classified_outcome_and_the_estimate_agrees() -> No
     assert verdict.estimate is not None and verdict.estimate.startswith("smem")
     assert verdict.agree
     assert verdict.versions["libtpu"] is not None and verdict.versions["jax"] is not None
+
+
+@needs_libtpu
+@pytest.mark.parametrize(
+    ("tokens_per_frame", "config", "fits"),
+    [
+        # 1,048,352 + 16 bytes of tables: under 1 MiB (the estimate once called it valid), refused
+        (23150, TileConfig("naive", 128, 256, 128), False),
+        # 1,044,484 + 16 bytes: 3 KiB left once rounded up, the least with which it compiles
+        (16350, TileConfig("naive", 128, 128, 128), True),
+    ],
+)
+def test_smem_boundary_configs_compile_as_estimated(tokens_per_frame: int, config: TileConfig, fits: bool) -> None:
+    """The SMEM estimate's boundary (tests/kernel/test_budget.py) against the compiler itself, on
+    one head of 4 frames: a compile of under a second each."""
+    pattern = SparsityPattern(VideoLayout(4, tokens_per_frame), (HeadPattern.spatial(1),))
+    verdict = compile_gate(Workload("TPU v6 lite", "tpu", "bfloat16", 1, 128, pattern), config)
+    assert verdict.outcome.ok == fits, verdict.outcome.error
+    assert fits or verdict.outcome.cause == "smem"
+    assert verdict.agree, verdict.estimate
 
 
 @needs_libtpu

@@ -25,7 +25,7 @@ def fake_gate(workload: Workload, config: TileConfig, target: str | None = None)
     """The compiler's stand-in: refuses SMEM past 1 MiB like the estimate, but fits VMEM up to
     twice the estimated budget (the direction the real compiler disagrees in)."""
     kind = target or workload.device_kind
-    reason = bench.estimate(workload, config, kind)
+    reason = bench.tpu_violation(workload, config, kind)
     if reason is not None and reason.startswith("smem"):
         outcome = CompileOutcome(kind, False, 0.5, 0, cause="smem", error="RESOURCE_EXHAUSTED: ... smem")
     else:
