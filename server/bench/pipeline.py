@@ -54,10 +54,8 @@ class PipelineBenchOptions:
     preset: str = "cpu-demo"
     generation: str = "v6e"
     trials: int = 12  # measured configs per search
-    # Compiling processes of the pipeline. One XLA:TPU compile keeps more than one core busy: on
-    # this 2-core machine a second process compiled no faster (see the README), so 1 by default.
-    processes: int = 1
-    lookahead: int = 1
+    processes: int = 2  # compiling processes of the pipeline (one per free core)
+    lookahead: int = 2
     trial_s: float = 1.0  # device seconds per trial besides its timed runs (see autotune.pipeline)
     runs: int = 10
     rounds: int = 2

@@ -332,8 +332,8 @@ def bench_pipeline_cmd(
     preset: Annotated[str, typer.Option(help="Workload preset (see `tiletune presets`).")] = "cpu-demo",
     generation: Annotated[str, typer.Option(help="TPU generation: v4, v5e, v5p, v6e, tpu7x.")] = "v6e",
     trials: Annotated[int, typer.Option(min=2, help="Measured configs per search.")] = 12,
-    processes: Annotated[int, typer.Option(min=1, help="Compiling processes of the pipeline.")] = 1,
-    lookahead: Annotated[int, typer.Option(min=1, help="Configs the pipelined search proposes ahead.")] = 1,
+    processes: Annotated[int, typer.Option(min=1, help="Compiling processes of the pipeline.")] = 2,
+    lookahead: Annotated[int, typer.Option(min=1, help="Configs the pipelined search proposes ahead.")] = 2,
     trial_s: Annotated[
         float, typer.Option(min=0, help="Replayed device seconds per trial besides its runs (warm-up, checks).")
     ] = 1.0,
