@@ -46,7 +46,7 @@ OLD_GENERATIONS = ("TPU v2", "TPU v3")
 #    1 MiB: 2,560 bytes left fails ("Ran out of memory in memory space smem. Used 1.00M of 1.00M
 #    smem"), 3,072 left compiles; on v4, 1,024 left fails and 1,536 compiles.
 # The estimate before these reserves (raw bytes <= 1 MiB) called a table up to about 3.5 KiB under
-# 1 MiB valid that the compiler refuses (tests/kernel/test_budget.py pins one). No config of the
+# 1 MiB valid that the compiler refuses (a test of the budget pins one). No config of the
 # presets' spaces lies in that band (the tightest that compiled left 3,584 bytes), so the reserves
 # refuse nothing there that compiles. Other device kinds get the larger reserve.
 SMEM_ALLOCATION_BYTES = 512
