@@ -90,7 +90,7 @@ def test_bfloat16_exact(variant: str, backend: str) -> None:
 
 # 30 generated layouts a run (each a compile): hypothesis draws new ones every run, so coverage
 # accumulates across CI runs while the suite stays within its 10 minutes on 2 cores.
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pattern=patterns(), config=tile_configs(), batch=st.integers(1, 2))
 def test_xla_exact_on_generated_layouts(pattern: SparsityPattern, config: TileConfig, batch: int) -> None:
     assert max_error(pattern, config, "xla", batch=batch) <= TOL["float32"]

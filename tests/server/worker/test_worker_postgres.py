@@ -1,4 +1,4 @@
-"""Worker processes sharing a PostgreSQL queue: 40 jobs over 4 workers, a worker killed
+"""Worker processes sharing a PostgreSQL queue: 24 jobs over 4 workers, a worker killed
 with SIGKILL mid-job, and two workers sharing one job's study and budget."""
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def stop_when_done(db: Database, job_ids: list[int], procs: list[Child]) -> list
     return stop_all(procs)
 
 
-def test_four_workers_forty_jobs_each_done_exactly_once(pg: Database, postgres_url: str) -> None:
+def test_four_workers_twenty_four_jobs_each_done_exactly_once(pg: Database, postgres_url: str) -> None:
     procs = start_workers(postgres_url, 4, "--replay-sleep", "0.05", "--poll", "0.2")
-    ids = queue_replay_jobs(pg, 40, budget=5)
+    ids = queue_replay_jobs(pg, 24, budget=5)
     logs = stop_when_done(pg, ids, procs)
     assert [p.returncode for p in procs] == [0, 0, 0, 0], logs
     assert set(statuses(pg, ids).values()) == {"done"}
