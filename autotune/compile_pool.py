@@ -110,10 +110,6 @@ class CompilePool:
         self._queue.put((config, future))
         return future
 
-    def pending(self) -> int:
-        """Configs queued and not yet taken by a compiling process."""
-        return self._queue.qsize()
-
     def close(self) -> None:
         """Cancel the queued configs not yet taken, let the compiles in flight finish, stop
         the processes."""

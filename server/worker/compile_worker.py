@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
@@ -76,6 +77,9 @@ class CompileWorker:
         self.versions = software_versions("tpu")
         self._stop = threading.Event()
         self._verdicts: dict[int, int] = {}  # job id -> verdicts this worker stored
+        # job id -> its configs in compile order, built once: the run loop revisits every active job
+        # each poll, and ordering a preset's space estimates every config of it.
+        self._orders: dict[int, list[TileConfig]] = {}
 
     def request_stop(self) -> None:
         """Stop after the compiles in flight (their verdicts are kept)."""
@@ -111,20 +115,19 @@ class CompileWorker:
 
     def plan(self, workload_id: int, workload: Workload, job_id: int) -> list[TileConfig]:
         """The job's configs still without a verdict for these versions, in compile order."""
-        space = SearchSpace(workload, "tpu")
         with self.db.read_sessions() as session:
-            first = [heuristic_config(workload.pattern, "tpu", workload.dtype)]
-            first += warm_start_configs(session, workload_id, workload)
+            if job_id not in self._orders:
+                first = [heuristic_config(workload.pattern, "tpu", workload.dtype)]
+                first += warm_start_configs(session, workload_id, workload)
+                self._orders[job_id] = compile_order(SearchSpace(workload, "tpu"), first, seed=job_id)
             known = compiles.compile_verdicts(session, workload_id, self.versions)
-        order = [c for c in compile_order(space, first, seed=job_id) if c.key not in known]
+        order = [c for c in self._orders[job_id] if c.key not in known]
         if self.options.max_configs is None:
             return order
         return order[: max(0, self.options.max_configs - self._verdicts.get(job_id, 0))]
 
     def compile_job(self, job_id: int, workload_id: int, workload: Workload) -> CompiledJob:
         """Compile the job's configs, ``processes`` in flight, until done or the job ends."""
-        import time
-
         start = time.monotonic()
         outcome = CompiledJob(job_id, workload.key)
         configs = self.plan(workload_id, workload, job_id)
