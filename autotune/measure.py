@@ -17,6 +17,17 @@ inputs and the float64 reference of a sample of query rows, built once.
     ``prune_above_ms`` stops early as ``pruned``.
 Compiled executables are kept (LRU) so the final re-timing does not recompile.
 
+CPU backends (``xla``, ``interpret``) are timed on one core, in CPU time. A
+supervised measuring child pins itself to one core (:func:`pin_one_core`) before
+JAX starts, so XLA runs every program on one thread: the library's dense anchor,
+which would otherwise take every core, gets no more of the machine than the
+single-threaded tiled kernel it is compared with. Its runs are then timed by the
+process's CPU clock (:data:`CLOCKS`), which another process competing for the
+core does not advance; on a quiet machine the two clocks agree (cpu-demo, pinned:
+33.8 / 33.7 ms and 505.4 / 505.0 ms wall / CPU), under load the wall clock reads
+a long program's fair share of the core and a short one's full speed, and the
+speedups drift (README, "Speedups under load").
+
 Test seam: ``inject`` maps a params key to ``wrong``, ``nan``, ``crash``
 (SIGKILL of this process) or ``hang``, so the supervision can be tested on
 purpose-built failures.
@@ -45,6 +56,26 @@ from kernel.reference import TOLERANCE, dense_attention, reference_attention
 from kernel.workload import Workload
 
 STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
+CPU_BACKENDS = ("xla", "interpret")  # backends whose programs run on this machine's CPU
+# What a run time is read from: the wall clock, or this process's CPU time (all its threads).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def pin_one_core() -> int:
+    """Pin this process to one of the cores it may run on, and return it. Call before JAX creates
+    its CPU client: XLA sizes its thread pool by the cores the process may use. The core is chosen
+    by process id, so the measuring children of two workers on one machine usually differ."""
+    allowed = sorted(os.sched_getaffinity(0))
+    core = allowed[os.getpid() % len(allowed)]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def clock_for(backend: str) -> str:
+    """The clock runs of ``backend`` are timed by in this process: ``cpu`` for a CPU backend in a
+    process pinned to one core (:func:`pin_one_core`), else ``wall``. A process on several cores
+    keeps the wall clock: its CPU time would add up the threads XLA spreads a program over."""
+    return "cpu" if backend in CPU_BACKENDS and len(os.sched_getaffinity(0)) == 1 else "wall"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,18 +111,21 @@ def timed_runs(
     min_time_s: float = 0.0,
     max_time_s: float = math.inf,
     stop_early: Callable[[list[float]], bool] | None = None,
+    clock: str = "wall",
 ) -> tuple[list[float], bool]:
-    """``warmup`` untimed runs, then timed runs (ms) until at least ``repeats`` runs and
-    ``min_time_s`` seconds of them, or ``max_time_s`` seconds. ``stop_early(runs)`` is
-    asked after every run; True ends the loop. Returns (runs, whether it stopped early)."""
+    """``warmup`` untimed runs, then timed runs (ms, read from :data:`CLOCKS` ``[clock]``) until at
+    least ``repeats`` runs and ``min_time_s`` seconds of them, or ``max_time_s`` seconds (wall).
+    ``stop_early(runs)`` is asked after every run; True ends the loop. Returns (runs, whether it
+    stopped early)."""
+    now = CLOCKS[clock]
     for _ in range(warmup):
         jax.block_until_ready(compiled(*args))
     runs: list[float] = []
     start = time.perf_counter()
     while True:
-        t0 = time.perf_counter()
+        t0 = now()
         jax.block_until_ready(compiled(*args))
-        runs.append((time.perf_counter() - t0) * 1e3)
+        runs.append((now() - t0) * 1e3)
         if stop_early is not None and stop_early(runs):
             return runs, True
         elapsed = time.perf_counter() - start
@@ -125,6 +159,8 @@ class MeasureOptions:
     # Threads compiling configs announced by ``prefetch`` while the device times the current one. Only
     # worth it where the timed work runs on a device, not on the CPU that compiles (the tpu backend).
     compile_threads: int = 1
+    # CPU backends: the supervised measuring child runs on one core and times in CPU time (module doc).
+    one_core: bool = True
 
 
 ANCHORS = ("dense", "tiled_dense")
@@ -236,6 +272,7 @@ class WorkloadBench:
         self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._ahead: dict[str, Future[tuple[Any, float, float]]] = {}
         self._compiler: ThreadPoolExecutor | None = None
+        self.clock = clock_for(backend)
 
     def _fn(self, config: TileConfig, pattern: SparsityPattern | None = None) -> Any:
         pattern, backend = pattern or self.workload.pattern, self.backend
@@ -329,6 +366,7 @@ class WorkloadBench:
             min_time_s=options.min_time_s,
             max_time_s=options.max_time_s,
             stop_early=clearly_slower,
+            clock=self.clock,
         )
 
     def _remember(self, key: str, compiled: Any) -> None:
@@ -343,7 +381,7 @@ class WorkloadBench:
         if compiled is None:
             compiled = jax.jit(self._fn(config)).lower(self.q, self.k, self.v).compile()
             self._remember(config.key, compiled)
-        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]
+        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]
 
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
         """``runs`` timed runs of an anchor on the same inputs: ``dense`` is the library's dense attention
@@ -359,4 +397,4 @@ class WorkloadBench:
         if compiled is None:
             compiled = jax.jit(fn).lower(self.q, self.k, self.v).compile()
             self._remember(key, compiled)
-        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs)[0]
+        return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]

@@ -49,7 +49,9 @@ class RecordedTable:
     ``anchors`` holds the runs of the anchors timed in the same rounds: ``dense``
     (the library's dense attention) and ``tiled_dense:<config key>`` (the tiled
     dense anchor of each distinct tile size; :func:`autotune.measure.tiled_dense`).
-    ``rounds`` is how many rounds the runs came from (0: a format-1 table).
+    ``rounds`` is how many rounds the runs came from (0: a format-1 table); ``clock`` what the runs
+    were read from (:func:`autotune.measure.clock_for`; ``wall`` for tables recorded before CPU
+    backends were timed on one core in CPU time).
     """
 
     workload: Workload
@@ -60,6 +62,7 @@ class RecordedTable:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     anchors: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     rounds: int = 0
+    clock: str = "wall"
 
     @property
     def best(self) -> tuple[TileConfig, Measurement]:
@@ -86,6 +89,7 @@ class RecordedTable:
             "dense_ms": self.dense_ms,
             "versions": self.versions,
             "rounds": self.rounds,
+            "clock": self.clock,
             "anchors": {name: list(runs) for name, runs in self.anchors.items()},
             "entries": [
                 {"config": c.to_dict(), **{k: v for k, v in m.to_dict().items() if v not in (None, ())}}
@@ -114,6 +118,7 @@ class RecordedTable:
             data.get("versions", {}),
             {name: tuple(runs) for name, runs in data.get("anchors", {}).items()},
             int(data.get("rounds", 0)),
+            data.get("clock", "wall"),
         )
 
 
@@ -186,6 +191,7 @@ def record_table(
     say = progress or (lambda _stage, _done, _total: None)
     checked: dict[str, tuple[TileConfig, Measurement]] = {}
     with Supervisor(workload, workload.backend, first, trial_timeout_s) as supervisor:
+        clock = supervisor.clock()["clock"]
         for i, config in enumerate(configs):
             checked[config.key] = (config, supervisor.measure(config))
             say(f"checked {config.describe()}", i + 1, len(configs))
@@ -223,4 +229,5 @@ def record_table(
         versions,
         anchors,
         rounds,
+        clock,
     )

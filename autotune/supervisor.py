@@ -11,6 +11,7 @@ as ``timeout``; either way a fresh child is started and the search goes on.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -48,10 +49,12 @@ def serve_requests(conn: Any, setup: Callable[[], Callable[[str, Any], Any]]) ->
 def _child_main(
     conn: Any, workload: dict[str, Any], backend: str, options: dict[str, Any], inject: dict[str, str]
 ) -> None:
+    from autotune.measure import CPU_BACKENDS, WorkloadBench, pin_one_core
     from autotune.measure import MeasureOptions as Options
-    from autotune.measure import WorkloadBench
 
     def setup() -> Callable[[str, Any], Any]:
+        if backend in CPU_BACKENDS and options.get("one_core", True):
+            pin_one_core()  # before the bench below makes JAX create its CPU client
         bench = WorkloadBench(Workload.from_dict(workload), backend, Options(**options), inject)
 
         def handle(op: str, payload: Any) -> Any:
@@ -63,6 +66,8 @@ def _child_main(
                 return bench.retime(TileConfig.from_dict(config), runs)
             if op == "prefetch":
                 return bench.prefetch(TileConfig.from_dict(payload))
+            if op == "clock":
+                return {"clock": bench.clock, "cores": sorted(os.sched_getaffinity(0))}
             if op == "anchor":
                 anchor, runs, config = payload
                 return bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
@@ -252,6 +257,12 @@ class Supervisor(SupervisedChild):
             return Measurement("timeout", error=str(exc))
         except RuntimeError as exc:  # an unexpected exception inside the child: data, not a stop
             return Measurement("failed", error="measuring error: " + str(exc).strip().splitlines()[-1])
+
+    def clock(self) -> dict[str, Any]:
+        """How the child times runs: ``{"clock": "cpu" | "wall", "cores": [the cores it may run on]}``
+        (:func:`autotune.measure.clock_for`)."""
+        result: dict[str, Any] = self.call("clock", None, "asking for the clock")
+        return result
 
     def prefetch(self, config: TileConfig) -> None:
         """Have the child start compiling ``config`` (see :meth:`autotune.measure.WorkloadBench.prefetch`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -128,6 +129,12 @@ def test_record_a_small_table_and_reload_it(tmp_path: Any) -> None:
     again = RecordedTable.load(path)
     assert set(again.entries) == set(table.entries) and again.best[1].median_ms == table.best[1].median_ms
     assert again.anchors == table.anchors and again.tied_with_best() == table.tied_with_best()
+    # Recorded as a CPU backend is measured: on one core, in CPU time; older tables read as wall.
+    assert table.clock == again.clock == "cpu"
+    old = table.to_json()
+    del old["clock"]
+    path.write_text(json.dumps(old))
+    assert RecordedTable.load(path).clock == "wall"
     replayer = ReplayMeasurer(again)
     config = again.best[0]
     assert replayer.anchor_runs("tiled_dense", 6, config)[:4] == list(
