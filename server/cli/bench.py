@@ -10,7 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from server.cli.common import BenchDatabaseOpt, err, fail, ints, out
+from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, out
+from server.cli.common import database_url as database_url_of
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -325,6 +326,37 @@ def bench_search_cmd(
         print(json.dumps(rows, indent=2))
         return
     print_search_report(rows, out())
+
+
+@bench_app.command("winner")
+def bench_winner_cmd(
+    table: Annotated[
+        str, typer.Option(help="A recorded table: a path, or the name of a shipped one (cpu-demo.xla.json)")
+    ] = "cpu-demo.xla.json",
+    config: Annotated[
+        str | None, typer.Option(help="The winner as a TileConfig JSON object (default: the database's tuned one)")
+    ] = None,
+    database_url: DatabaseOpt = None,
+    rounds: Annotated[int, typer.Option(min=2, help="Interleaved rounds (each times every candidate once)")] = 10,
+    runs: Annotated[int, typer.Option(min=1, help="Timed runs per visit")] = 2,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Re-time a tuned winner beside the configs a recorded table found tied with its fastest."""
+    from autotune.replay import bundled_table
+    from kernel.config import TileConfig
+    from server.bench.winner import WinnerBenchOptions, bench_winner, print_winner_report
+
+    path = Path(table)
+    try:
+        path = path if path.is_file() else bundled_table(table)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--table") from None
+    try:
+        given = TileConfig.from_dict(json.loads(config)) if config is not None else None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    opts = WinnerBenchOptions(path, database_url_of(database_url), given, rounds, runs)
+    _run(bench_winner, opts, print_winner_report, as_json)
 
 
 @bench_app.command("pipeline")
