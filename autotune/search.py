@@ -26,6 +26,7 @@ import numpy as np
 import optuna
 
 from autotune.compare import Speedup, interleaved, speedup, tied_set
+from autotune.host_load import OtherLoad
 from autotune.measure import Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
@@ -97,6 +98,8 @@ class SearchResult:
     anchors: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # timed beside the winner
     invalid: int = 0
     repeated: int = 0
+    # Cores other programs kept busy while the winner and its anchors were timed (autotune.host_load).
+    others_cores: float | None = None
 
     @property
     def dense_ms(self) -> float | None:
@@ -337,7 +340,8 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     3. The winner and its anchors (the library's dense attention, and the same
        backend's tiled dense at the winner's tiles) are timed in interleaved rounds:
        ``result.best_runs_ms`` and ``result.anchors``, so the speedup a user is shown
-       comes from runs taken side by side.
+       comes from runs taken side by side; ``result.others_cores`` says how busy the
+       machine was meanwhile (a load skews a speedup over dense: autotune.host_load).
     """
     ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
     finalists = ok[: max(1, options.top_k)]
@@ -362,15 +366,17 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     result.best = winner
     result.tied = [t.config for t in tied]
     result.finalists = [(t.config, tuple(runs[t.number])) for t in finalists]
-    anchored = interleaved(
-        ("winner", "dense", "tiled_dense"),
-        lambda name: (
-            measurer.retime(winner.config, options.retime_runs)
-            if name == "winner"
-            else measurer.anchor_runs(name, options.retime_runs, winner.config)
-        ),
-        options.retime_rounds,
-        options.seed + 1,
-    )
+    with OtherLoad() as load:
+        anchored = interleaved(
+            ("winner", "dense", "tiled_dense"),
+            lambda name: (
+                measurer.retime(winner.config, options.retime_runs)
+                if name == "winner"
+                else measurer.anchor_runs(name, options.retime_runs, winner.config)
+            ),
+            options.retime_rounds,
+            options.seed + 1,
+        )
+    result.others_cores = load.cores
     result.best_runs_ms = tuple(anchored["winner"]) or tuple(runs[winner.number]) or winner.measurement.runs_ms
     result.anchors = {name: tuple(v) for name, v in anchored.items() if name != "winner" and v}

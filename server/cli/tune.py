@@ -37,6 +37,7 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:
     """Tune one workload on this machine and store the trials and the best config."""
+    from autotune.host_load import BUSY_ABOVE_CORES
     from autotune.measure import MeasureOptions
     from autotune.samplers import SAMPLERS
     from autotune.search import SearchOptions
@@ -114,6 +115,7 @@ def tune(
                 name: [s.p10, s.p90] for name in ("dense", "tiled_dense") if (s := result.speedup(name)) is not None
             },
             "tuned_config_id": outcome.tuned_config_id,
+            "others_cores": result.others_cores,
         },
         "top": [
             {"config": t.config.to_dict(), "median_ms": t.measurement.median_ms, "spread": t.measurement.spread}
@@ -150,6 +152,12 @@ def tune(
             f"stored as tuned config {outcome.tuned_config_id} of workload {outcome.workload_key}"
         )
         console.print("median times of a trial come from its own runs; the winner's and its anchors' from rounds")
+        if result.others_cores is not None and result.others_cores > BUSY_ABOVE_CORES:
+            err.print(
+                f"[yellow]other programs kept {result.others_cores:.1f} cores busy while the winner and its anchors "
+                "were timed: a load slows the kernel and dense attention unequally, so the speedups may read "
+                "differently on a quiet machine[/yellow]"
+            )
     else:
         console.print("[red]no config measured ok[/red]")
 

@@ -1,0 +1,59 @@
+"""What other programs used while the winner and its anchors were timed (autotune.host_load): the
+machine's busy time less this process tree's, in cores."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.host_load import OtherLoad, Snapshot, other_cores, snapshot
+
+
+def _fake_proc(root: Path, cpu: list[int], procs: dict[int, tuple[int, int, int]]) -> Path:
+    """A /proc with a ``cpu`` line and ``pid -> (ppid, utime, stime)`` processes."""
+    root.mkdir(exist_ok=True)
+    (root / "stat").write_text("cpu  " + " ".join(map(str, cpu)) + "\ncpu0 1 2 3\n")
+    for pid, (ppid, utime, stime) in procs.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        rest = ["S", ppid, *[0] * 9, utime, stime, 0, 0]
+        (root / str(pid) / "stat").write_text(f"{pid} (a (strange) name) " + " ".join(map(str, rest)) + "\n")
+    (root / "self").mkdir(exist_ok=True)  # not a pid: skipped
+    return root
+
+
+def test_the_machine_busy_time_and_the_process_tree_are_read_from_proc(tmp_path: Path) -> None:
+    # user nice system idle iowait irq softirq steal: busy = 50 + 5 + 20 + 3 + 2 = 80 (idle, iowait, steal not)
+    cpu = [50, 5, 20, 1000, 40, 3, 2, 7, 0, 0]
+    # 100 -> 101 -> 102 is the tree; 200 and its child 201 are another program's.
+    procs = {100: (1, 10, 5), 101: (100, 30, 2), 102: (101, 4, 4), 200: (1, 99, 1), 201: (200, 7, 7)}
+    found = snapshot(_fake_proc(tmp_path, cpu, procs), root=100)
+    assert found is not None and (found.machine_busy, found.own) == (80, 55)
+    assert snapshot(tmp_path / "missing", root=100) is None
+
+
+def test_other_cores_is_the_busy_time_not_ours_per_second() -> None:
+    before, after = Snapshot(1000, 300, 10.0), Snapshot(1450, 400, 12.0)  # 450 busy jiffies, 100 ours, 2 s
+    assert other_cores(before, after, ticks_per_s=100) == pytest.approx(1.75)
+    assert other_cores(before, Snapshot(1050, 400, 12.0), 100) == 0.0  # readings not simultaneous: never negative
+    assert other_cores(before, Snapshot(2000, 300, 10.0), 100) == 0.0  # no time passed
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux /proc")
+def test_a_busy_program_outside_the_process_tree_is_seen() -> None:
+    # The shell exits at once, so the loop is re-parented away from this process tree: another program.
+    loop = f"{sys.executable} -c 'import time; end = time.time() + 4\nwhile time.time() < end: pass'"
+    pid = int(subprocess.run(["sh", "-c", f"{loop} >/dev/null 2>&1 & echo $!"], capture_output=True).stdout)
+    try:
+        time.sleep(0.2)
+        with OtherLoad() as load:
+            time.sleep(1.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    assert load.cores is not None and load.cores >= 0.4, load.cores
