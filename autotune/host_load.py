@@ -39,9 +39,10 @@ def _machine_busy(proc: Path) -> int:
     return sum(fields[:8]) - idle - steal
 
 
-def _tree_jiffies(proc: Path, root: int) -> int:
-    """utime + stime of ``root`` and all its descendants (a process that ended in between is skipped)."""
-    stats: dict[int, tuple[int, int]] = {}
+def process_table(proc: Path = PROC) -> dict[int, tuple[int, list[str]]]:
+    """Every process of this machine: pid -> (parent pid, its ``stat`` fields after the name; the
+    name may hold spaces and parentheses). A process that ends while it is read is left out."""
+    table: dict[int, tuple[int, list[str]]] = {}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -49,15 +50,28 @@ def _tree_jiffies(proc: Path, root: int) -> int:
             text = (entry / "stat").read_text()
         except OSError:
             continue
-        rest = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-        stats[int(entry.name)] = (int(rest[1]), int(rest[11]) + int(rest[12]))  # ppid, utime + stime
+        fields = text[text.rindex(")") + 2 :].split()
+        table[int(entry.name)] = (int(fields[1]), fields)
+    return table
+
+
+def process_tree(root: int, table: dict[int, tuple[int, list[str]]]) -> set[int]:
+    """``root`` and its descendants in ``table`` (empty when ``root`` is not in it)."""
+    if root not in table:
+        return set()
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        children = [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in tree]
         tree.update(children)
         frontier.extend(children)
-    return sum(stats[pid][1] for pid in tree if pid in stats)
+    return tree
+
+
+def _tree_jiffies(proc: Path, root: int) -> int:
+    """utime + stime of ``root`` and all its descendants."""
+    table = process_table(proc)
+    return sum(int(table[pid][1][11]) + int(table[pid][1][12]) for pid in process_tree(root, table))
 
 
 def snapshot(proc: Path = PROC, root: int | None = None) -> Snapshot | None:

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import httpx
 
+from autotune.host_load import process_table, process_tree
 from server.bench import BenchError
 
 HOST = "127.0.0.1"
@@ -63,41 +64,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _process_table() -> dict[int, tuple[int, list[str]]]:
-    """Every process of this machine: pid -> (parent pid, /proc/PID/stat fields after the name)."""
-    table: dict[int, tuple[int, list[str]]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), fields)
-    return table
-
-
-def _tree(root: int, table: dict[int, tuple[int, list[str]]]) -> set[int]:
-    """``root`` and its descendants in ``table`` (empty when ``root`` is not in it)."""
-    if root not in table:
-        return set()
-    tree, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    return tree
-
-
 def process_tree_cpu_seconds(root: int) -> float | None:
     """CPU seconds (user + system) of process ``root`` and its descendants, from /proc; None elsewhere."""
     try:
         tick = os.sysconf("SC_CLK_TCK")
-        table = _process_table()
-        tree = _tree(root, table)
+        table = process_table()
+        tree = process_tree(root, table)
         if not tree:
             return None
         return sum(int(table[pid][1][11]) + int(table[pid][1][12]) for pid in tree) / tick
@@ -110,8 +82,8 @@ def process_tree_rss_bytes(root: int) -> int | None:
     share count once per process, so this is an upper bound), from /proc; None elsewhere."""
     try:
         page = os.sysconf("SC_PAGE_SIZE")
-        table = _process_table()
-        tree = _tree(root, table)
+        table = process_table()
+        tree = process_tree(root, table)
         if not tree:
             return None
         return sum(int(table[pid][1][21]) for pid in tree) * page
