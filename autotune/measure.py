@@ -24,9 +24,11 @@ which would otherwise take every core, gets no more of the machine than the
 single-threaded tiled kernel it is compared with. Its runs are then timed by the
 process's CPU clock (:data:`CLOCKS`), which another process competing for the
 core does not advance; on a quiet machine the two clocks agree (cpu-demo, pinned:
-33.8 / 33.7 ms and 505.4 / 505.0 ms wall / CPU), under load the wall clock reads
-a long program's fair share of the core and a short one's full speed, and the
-speedups drift (README, "Speedups under load").
+33.8 / 33.7 ms and 505.4 / 505.0 ms wall / CPU). Under load the wall clock reads
+a long program's fair share of the core and a short one's nearly full speed; the
+CPU clock does not, but a load on the other cores still slows a compute-bound
+kernel more than memory-bound dense attention, which no clock corrects
+(:mod:`autotune.host_load` measures such a load; README, "Tuning").
 
 Test seam: ``inject`` maps a params key to ``wrong``, ``nan``, ``crash``
 (SIGKILL of this process) or ``hang``, so the supervision can be tested on
