@@ -4,7 +4,7 @@ Timing a CPU backend on one core in CPU time (:mod:`autotune.measure`) keeps a
 competing process's turns on that core out of the figures, but not its effect on
 what the core shares: on a 2-core VM a busy loop on the *other* core slowed
 cpu-demo's compute-bound tiled kernel by 26% in CPU time and the memory-bound
-dense anchor by 4%, so a speedup over dense measured under load reads low. No
+dense anchor by 3%, so a speedup over dense measured under load reads low. No
 clock corrects that; what can be done is to say it. :class:`OtherLoad` reads the
 machine's busy time (``/proc/stat``) and this process tree's own CPU time over an
 interval: the difference is what everything else used, in cores. Linux only;
