@@ -40,6 +40,7 @@ import numpy as np
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
+from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 
 BUDGETS = (10, 20, 40)
@@ -80,15 +81,27 @@ def strategies(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def measured_sequence(table: RecordedTable, strategy: str, seed: int, budget: int, warm_start: bool) -> list[str]:
-    """The keys of the configs ``strategy`` measures on ``table``, in order, without repeats, at most ``budget``."""
+def measured_sequence(
+    table: RecordedTable,
+    strategy: str,
+    seed: int,
+    budget: int,
+    warm_start: bool,
+    neighbours: Sequence[TileConfig] = (),
+) -> list[str]:
+    """The keys of the configs ``strategy`` measures on ``table``, in order, without repeats, at most ``budget``.
+    With ``warm_start``, the heuristic comes first, then ``neighbours`` (the tuned configs of nearby workloads
+    a database would offer, :func:`server.worker.tune.warm_start_configs`), for every strategy alike."""
+    seeds = tuple(neighbours) if warm_start else ()
     if strategy.startswith(PEER_PREFIX):
         keys = _peer_sequence(table, strategy[len(PEER_PREFIX) :], seed, budget)
         if warm_start:
-            keys = [heuristic_key(table), *keys]
+            keys = [heuristic_key(table), *(c.key for c in seeds), *keys]
         return list(dict.fromkeys(k for k in keys if k is not None))[:budget]
     measurer = ReplayMeasurer(table)
-    options = SearchOptions(trials=budget, sampler=strategy, seed=seed, prune=False, warm_start=warm_start)
+    options = SearchOptions(
+        trials=budget, sampler=strategy, seed=seed, prune=False, warm_start=warm_start, seed_configs=seeds
+    )
     run_search(table.space(), measurer, options, finalize=False)
     return list(dict.fromkeys(measurer.measured))[:budget]
 
@@ -111,6 +124,7 @@ class Scores:
     tied: int  # size of the table's tied set
     trials_to_tied: list[float]  # per seed; inf when not reached within the budget
     regret: dict[int, list[float]]  # budget -> per seed
+    neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
 
     def summary(self) -> dict[str, Any]:
         reached = [t for t in self.trials_to_tied if math.isfinite(t)]
@@ -118,6 +132,7 @@ class Scores:
             "table": self.table,
             "strategy": self.strategy,
             "warm_start": self.warm_start,
+            "neighbours": self.neighbours,
             "table_size": self.size,
             "tied_set": self.tied,
             "median_trials_to_tied": float(np.median(self.trials_to_tied)),
@@ -140,16 +155,31 @@ def score(table: RecordedTable, keys: Sequence[str], tied: set[str]) -> tuple[fl
     return float(hit), regret
 
 
+def neighbour_bests(table: RecordedTable, others: Sequence[RecordedTable]) -> list[TileConfig]:
+    """The fastest config of each of ``others`` of ``table``'s family that ``table`` holds: what a database
+    holding them as tuned workloads offers as warm starts (one outside this table's space is left out)."""
+    bests = [o.best[0] for o in others if o is not table and o.workload.family == table.workload.family]
+    return list({c.key: c for c in bests if c.key in table.entries}.values())
+
+
 def replay(
-    table: RecordedTable, name: str, strategy: str, seeds: int, budget: int | None = None, warm_start: bool = True
+    table: RecordedTable,
+    name: str,
+    strategy: str,
+    seeds: int,
+    budget: int | None = None,
+    warm_start: bool = True,
+    neighbours: Sequence[TileConfig] = (),
 ) -> Scores:
     """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
-    (default: the largest of BUDGETS, capped by the table)."""
+    (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start."""
     budget = min(budget or max(BUDGETS), len(table.entries))
     tied = table.tied_with_best()
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
+    scores.neighbours = len(neighbours) if warm_start else 0
     for seed in range(seeds):
-        hit, regret = score(table, measured_sequence(table, strategy, seed, budget, warm_start), tied)
+        sequence = measured_sequence(table, strategy, seed, budget, warm_start, neighbours)
+        hit, regret = score(table, sequence, tied)
         scores.trials_to_tied.append(hit)
         for b, r in regret.items():
             scores.regret[b].append(r)
@@ -198,6 +228,12 @@ def _peer_sequence(table: RecordedTable, strategy: str, seed: int, budget: int) 
     return [by_values.get(tuple(r[n] for n in names)) for r in results]
 
 
+def _start(row: dict[str, Any]) -> str:
+    if not row["warm_start"]:
+        return "off"
+    return f"on + {row['neighbours']} neighbour(s)" if row.get("neighbours") else "on"
+
+
 def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
     """The replay summaries as a rich table on ``out`` (a rich Console)."""
     from rich.table import Table
@@ -219,7 +255,9 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
             str(r["table_size"]),
             str(r["tied_set"]),
             r["strategy"],
-            "on" if r["warm_start"] else "off",
+            ("on" + (f" + {r['neighbours']} neighbour(s)" if r.get("neighbours") else ""))
+            if r["warm_start"]
+            else "off",
             f"{trials:.1f}" if math.isfinite(trials) else "not reached",
             r["reached"],
             *[_regret(r["median_regret"][str(b)]) for b in BUDGETS],

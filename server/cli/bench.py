@@ -266,6 +266,14 @@ def bench_search_cmd(
     rounds: Annotated[
         int, typer.Option(min=1, help="--record: interleaved rounds; every ok config is timed once per round")
     ] = 10,
+    neighbours: Annotated[
+        bool,
+        typer.Option(
+            "--neighbours",
+            help="The warm start also measures the fastest config of every other replayed table of the same "
+            "family (what a database holding them as tuned workloads offers), for every strategy",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     tables: Annotated[
         list[Path] | None,
@@ -274,7 +282,7 @@ def bench_search_cmd(
 ) -> None:
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
-    from server.bench.search import print_search_report, strategies
+    from server.bench.search import neighbour_bests, print_search_report, strategies
     from server.bench.search import replay as replay_table
     from server.worker.tune import local_workload
 
@@ -316,12 +324,14 @@ def bench_search_cmd(
         raise fail(str(exc)) from None
     starts = {"on": (True,), "off": (False,), "both": (True, False)}[warm_start]
     rows = []
-    for path in replay:
-        table = RecordedTable.load(path)
+    loaded = {path: RecordedTable.load(path) for path in replay}
+    for path, table in loaded.items():
+        seeds_of = neighbour_bests(table, list(loaded.values())) if neighbours else []
         for name in names:
             for start in starts:
                 err.print(f"replaying {path.name} with {name}, warm start {'on' if start else 'off'} ({seeds} seeds)")
-                rows.append(replay_table(table, path.name, name, seeds, budget, warm_start=start).summary())
+                scores = replay_table(table, path.name, name, seeds, budget, warm_start=start, neighbours=seeds_of)
+                rows.append(scores.summary())
     if as_json:
         print(json.dumps(rows, indent=2))
         return

@@ -30,7 +30,8 @@ def warm_start_configs(session: Session, workload_id: int, workload: Workload) -
     config (a re-tune), then the tuned configs of the :data:`NEAREST_SEEDS` nearest workloads of its
     device kind, backend and family, closest first, without repeats. The search measures them right
     after the kernel's heuristic, and its local steps move around whichever is fastest, so a
-    heuristic far from the best is not the only start (what that saves is not measured yet)."""
+    heuristic far from the best is not the only start. What that saves is measured by ``tiletune bench
+    search --replay ... --neighbours`` (README, "Tuning"), so far on the one pair of shipped tables of a family."""
     found: list[dict[str, Any]] = []
     current = records.current_config(session, workload_id)
     if current is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 from typing import Any
@@ -19,7 +20,15 @@ from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import TOLERANCE
 from kernel.workload import Workload
-from server.bench.search import BUDGETS, heuristic_key, measured_sequence, replay, score, strategies
+from server.bench.search import (
+    BUDGETS,
+    heuristic_key,
+    measured_sequence,
+    neighbour_bests,
+    replay,
+    score,
+    strategies,
+)
 
 TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
 
@@ -86,6 +95,24 @@ def test_warm_start_is_the_same_switch_for_every_strategy() -> None:
     # Without the warm start, random is plain random: across seeds it starts anywhere.
     starts = {measured_sequence(table, "random", seed, 3, warm_start=False)[0] for seed in range(8)}
     assert len(starts) > 1
+
+
+def test_tuned_neighbours_of_the_family_join_every_strategys_warm_start() -> None:
+    """cpu-demo and small-mixed are one family (mixed spatial and temporal heads, no text): each is the
+    other's tuned neighbour; the other tables are of other families and offer nothing."""
+    loaded = [RecordedTable.load(path) for path in TABLES]
+    small = next(t for t in loaded if t.workload.pattern.seq_len == 1024 and "spatial,temporal" in t.workload.family)
+    (demo,) = [t for t in loaded if t is not small and t.workload.family == small.workload.family]
+    neighbours = neighbour_bests(small, loaded)
+    assert [c.key for c in neighbours] == [demo.best[0].key]
+    heuristic = heuristic_key(small)
+    strategies_ = ["tpe", "random"] + (["kt:random_sample"] if importlib.util.find_spec("kernel_tuner") else [])
+    for strategy in strategies_:
+        started = measured_sequence(small, strategy, seed=2, budget=8, warm_start=True, neighbours=neighbours)
+        assert started[:2] == [heuristic, neighbours[0].key] and len(started) == len(set(started)) == 8
+        plain = measured_sequence(small, strategy, seed=2, budget=8, warm_start=False, neighbours=neighbours)
+        assert neighbours[0].key not in plain[:1]  # no warm start: the neighbours are not offered either
+    assert replay(small, "s", "tpe", seeds=1, budget=8, neighbours=neighbours).summary()["neighbours"] == 1
 
 
 def test_kernel_tuner_peers_replay_the_same_table() -> None:
