@@ -1,0 +1,43 @@
+"""``tiletune bench search --replay``: strategies side by side on shipped tables, through the CLI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from typer.testing import CliRunner
+
+from autotune.replay import bundled_table
+from server.cli import app as cli
+
+runner = CliRunner()
+TABLES = [str(bundled_table(name)) for name in ("cpu-demo.xla.json", "small-mixed.xla.json", "suffix-sink.xla.json")]
+
+
+def _replay(*args: str) -> Any:
+    result = runner.invoke(cli, ["bench", "search", "--replay", *TABLES, "--seeds", "2", "--budget", "6", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_neighbours_of_the_same_family_join_the_warm_start() -> None:
+    rows = _replay("--sampler", "tpe,random", "--warm-start", "both", "--neighbours", "--json")
+    by = {(r["table"], r["strategy"], r["warm_start"]): r for r in rows}
+    assert len(rows) == 3 * 2 * 2
+    # cpu-demo and small-mixed are one family, each the other's neighbour; suffix-sink has none.
+    for strategy in ("tpe", "random"):
+        assert by[("cpu-demo.xla.json", strategy, True)]["neighbours"] == 1
+        assert by[("small-mixed.xla.json", strategy, True)]["neighbours"] == 1
+        assert by[("suffix-sink.xla.json", strategy, True)]["neighbours"] == 0
+        assert by[("small-mixed.xla.json", strategy, False)]["neighbours"] == 0  # no warm start, no neighbours
+    # On small-mixed the neighbour (cpu-demo's best) is tied with the fastest: reached in the second trial.
+    assert by[("small-mixed.xla.json", "random", True)]["median_trials_to_tied"] <= 2
+    plain = _replay("--sampler", "tpe", "--warm-start", "on", "--json")
+    assert all(r["neighbours"] == 0 for r in plain)
+
+
+def test_bad_options_are_named() -> None:
+    result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--warm-start", "maybe"])
+    assert result.exit_code == 2 and "--warm-start" in result.output
+    result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--sampler", "fastest"])
+    assert result.exit_code == 2 and "fastest" in result.output
