@@ -229,6 +229,7 @@ def _peer_sequence(table: RecordedTable, strategy: str, seed: int, budget: int) 
 
 
 def _start(row: dict[str, Any]) -> str:
+    """The warm-start cell of a report row: off, on, or on with the neighbours it measured."""
     if not row["warm_start"]:
         return "off"
     return f"on + {row['neighbours']} neighbour(s)" if row.get("neighbours") else "on"
@@ -255,9 +256,7 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
             str(r["table_size"]),
             str(r["tied_set"]),
             r["strategy"],
-            ("on" + (f" + {r['neighbours']} neighbour(s)" if r.get("neighbours") else ""))
-            if r["warm_start"]
-            else "off",
+            _start(r),
             f"{trials:.1f}" if math.isfinite(trials) else "not reached",
             r["reached"],
             *[_regret(r["median_regret"][str(b)]) for b in BUDGETS],

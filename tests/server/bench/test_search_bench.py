@@ -34,6 +34,10 @@ def test_neighbours_of_the_same_family_join_the_warm_start() -> None:
     assert by[("small-mixed.xla.json", "random", True)]["median_trials_to_tied"] <= 2
     plain = _replay("--sampler", "tpe", "--warm-start", "on", "--json")
     assert all(r["neighbours"] == 0 for r in plain)
+    wide = {"COLUMNS": "250"}  # one line per row of the printed table
+    args = ["bench", "search", "--replay", *TABLES[:2], "--sampler", "tpe", "--warm-start", "on", "--neighbours"]
+    printed = runner.invoke(cli, [*args, "--seeds", "1", "--budget", "3"], env=wide)
+    assert printed.exit_code == 0 and printed.stdout.count("on + 1 neighbour(s)") == 2, printed.output
 
 
 def test_bad_options_are_named() -> None:
