@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from autotune.host_load import BUSY_ABOVE_CORES
 from server.cli.common import DatabaseOpt, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
 
@@ -196,6 +197,11 @@ def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
             f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
             f"(tuned config {d['tuned_config_id']})"
         )
+        if (d.get("others_cores") or 0.0) > BUSY_ABOVE_CORES:
+            err.print(
+                f"[yellow]job {d['job_id']}: other programs kept {d['others_cores']:.1f} cores busy while the winner "
+                "and its anchors were timed; the speedups may read differently on a quiet machine[/yellow]"
+            )
     elif kind == "job_finished" and d["status"] != "done":
         extra = f": {d['error']}" if d.get("error") else ""
         err.print(f"job {d['job_id']}: {d['status']} after {d['trials']} trial(s) here{extra}")

@@ -393,7 +393,9 @@ class Worker:
             "tuned",
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
              "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
-             "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id},
+             "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id,
+             # a replay answers from its table: the machine's load did not touch those figures
+             "others_cores": None if self.options.backend == "replay" else everyone.others_cores},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 

@@ -91,3 +91,16 @@ def test_query_the_database_directly(tmp_path) -> None:  # type: ignore[no-untyp
     assert runner.invoke(cli, ["history", key, "--status", "crashed", "--database-url", url]).exit_code == 0
     bad = runner.invoke(cli, ["lookup", "--preset", "nope", "--database-url", url])
     assert bad.exit_code == 2 and "unknown preset" in bad.output
+
+
+@pytest.mark.parametrize("others", [None, 0.1, 1.3])
+def test_a_worker_says_when_its_winner_was_timed_under_load(
+    others: float | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server.cli.worker import _print_event
+
+    event = {"job_id": 7, "config": "naive q64 kv64", "median_ms": 2.0, "dense_ms": 20.0, "tiled_dense_ms": 8.0}
+    _print_event("tuned", {**event, "tuned_config_id": 3, "others_cores": others}, quiet=False)
+    printed = capsys.readouterr().err
+    assert "job 7" in printed and "10.00x" in printed
+    assert ("1.3 cores busy" in printed) == (others == 1.3)

@@ -39,11 +39,16 @@ def replay_worker(url: str, **overrides: Any) -> Worker:
 def test_worker_tunes_queued_jobs_and_publishes_the_best(database_url: str, db: Database) -> None:
     ids = queue_replay_jobs(db, 3, budget=8)
     worker = replay_worker(database_url)
+    events: list[tuple[str, dict[str, Any]]] = []
+    worker.on_event = lambda kind, data: events.append((kind, data))
     try:
         outcomes = worker.run()
     finally:
         worker.close()
     assert [(o.job_id, o.status) for o in outcomes] == [(i, "done") for i in ids]
+    tuned = [data for kind, data in events if kind == "tuned"]
+    # A replay's figures come from its table: the machine's load is not reported against them.
+    assert [d["job_id"] for d in tuned] == ids and all(d["others_cores"] is None for d in tuned)
     table = RecordedTable.load(TABLE)
     for job_id in ids:
         assert check_job_records(db, job_id, budget=8) == {worker.name: 8}
