@@ -71,6 +71,9 @@ class SearchOptions:
     top_k: int = 3
     retime_rounds: int = 5  # interleaved rounds of the finalists, then of the winner with its anchors
     retime_runs: int = 2  # runs per visit: retime_rounds x retime_runs runs each (10: enough for the tests)
+    # Finalists still tied after retime_rounds get this many more rounds before the tie is decided by work:
+    # 10 runs each cannot tell apart configs 8% apart in 10% noise (cpu-demo, README "Tuning"). 0: none.
+    resolve_rounds: int = 10
     prune: bool = True
     prune_factor: float = 2.0
     seed_configs: tuple[TileConfig, ...] = ()
@@ -334,9 +337,11 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
 
     1. The top ``options.top_k`` ok trials (by their first median) are re-timed in
        interleaved rounds (:func:`autotune.compare.interleaved`).
-    2. The finalists tied with the fastest (:func:`autotune.compare.tied_set`) are
-       ranked by less padding, then fewer grid steps, then median: a tie is decided by
-       the work a config does, not by which one happened to run faster this time.
+    2. The finalists tied with the fastest (:func:`autotune.compare.tied_set`) get
+       ``options.resolve_rounds`` more rounds and are compared once more on all their
+       runs; those still tied are ranked by less padding, then fewer grid steps, then
+       median: a tie is decided by the work a config does, not by which one happened
+       to run faster this time.
     3. The winner and its anchors (the library's dense attention, and the same
        backend's tiled dense at the winner's tiles) are timed in interleaved rounds:
        ``result.best_runs_ms`` and ``result.anchors``, so the speedup a user is shown
@@ -355,7 +360,19 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
         options.retime_rounds,
         options.seed,
     )
-    tied = [by_number[n] for n in tied_set(runs)] or finalists
+    tied_numbers = tied_set(runs)
+    if len(tied_numbers) > 1 and options.resolve_rounds > 0:
+        # One more look, at the tied ones only, then one decision on all their runs.
+        more = interleaved(
+            tied_numbers,
+            lambda n: measurer.retime(by_number[n].config, options.retime_runs),
+            options.resolve_rounds,
+            options.seed + 2,
+        )
+        for n, extra in more.items():
+            runs[n].extend(extra)
+        tied_numbers = tied_set({n: runs[n] for n in tied_numbers})
+    tied = [by_number[n] for n in tied_numbers] or finalists
 
     def cost(t: TrialResult) -> tuple[float, int, float]:
         stats = RunStats.of(runs[t.number])

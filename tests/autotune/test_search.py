@@ -180,3 +180,41 @@ def test_samplers_run_on_tpu_tiled_spaces_where_some_params_name_no_config(sampl
         result = run_search(space, measurer, SearchOptions(trials=12, seed=seed, sampler=sampler, prune=False))
         assert len(result.trials) == 12
         assert all(space.violation(c) is None for c in measurer.measured)
+
+
+@dataclasses.dataclass
+class NoisyMeasurer(FakeMeasurer):
+    """Re-times each config at ``retimed`` ms (default its cost) times a fixed cycle of +-10% noise."""
+
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def retime(self, config: TileConfig, runs: int) -> list[float]:
+        noise = (0.90, 1.08, 0.96, 1.10, 0.92, 1.04, 0.98, 1.06, 0.94, 1.02)
+        t = self.retimed.get(config.key, cost(config))
+        out = []
+        for _ in range(runs):
+            i = self.calls.get(config.key, 0)
+            self.calls[config.key] = i + 1
+            out.append(t * noise[i % len(noise)])
+        return out
+
+
+def test_finalists_tied_after_the_first_rounds_are_timed_more_before_work_breaks_the_tie() -> None:
+    """Two finalists 6% apart in +-10% noise: 10 runs each cannot tell them apart, 30 can. The slower
+    one does less work, so without the extra rounds the tie-break would pick it."""
+    from kernel import candidates
+    from kernel.cost import grid_steps
+
+    space = SearchSpace(WORKLOAD, "xla")
+    first = run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=3, top_k=2))
+    a, b = (c for c, _ in first.finalists)
+    work = {c.key: (round(candidates.padding(WORKLOAD, c), 6), grid_steps(WORKLOAD.pattern, c, "xla")) for c in (a, b)}
+    assert work[a.key] != work[b.key]
+    less, more = sorted((a, b), key=lambda c: work[c.key])
+    retimed = {less.key: 10.6, more.key: 10.0}
+    for resolve, winner, runs in ((0, less, 10), (10, more, 30)):
+        options = SearchOptions(trials=30, seed=3, top_k=2, resolve_rounds=resolve)
+        result = run_search(space, NoisyMeasurer(retimed=retimed), options)
+        assert result.best is not None and result.best.config.key == winner.key, resolve
+        assert all(len(r) == runs for _, r in result.finalists)
+        assert len(result.tied) == (2 if resolve == 0 else 1)
