@@ -354,21 +354,15 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
         result.best = None
         return
     by_number = {t.number: t for t in finalists}
-    runs = interleaved(
-        by_number,
-        lambda n: measurer.retime(by_number[n].config, options.retime_runs),
-        options.retime_rounds,
-        options.seed,
-    )
+
+    def retime(number: int) -> list[float]:
+        return measurer.retime(by_number[number].config, options.retime_runs)
+
+    runs = interleaved(by_number, retime, options.retime_rounds, options.seed)
     tied_numbers = tied_set(runs)
     if len(tied_numbers) > 1 and options.resolve_rounds > 0:
         # One more look, at the tied ones only, then one decision on all their runs.
-        more = interleaved(
-            tied_numbers,
-            lambda n: measurer.retime(by_number[n].config, options.retime_runs),
-            options.resolve_rounds,
-            options.seed + 2,
-        )
+        more = interleaved(tied_numbers, retime, options.resolve_rounds, options.seed + 2)
         for n, extra in more.items():
             runs[n].extend(extra)
         tied_numbers = tied_set({n: runs[n] for n in tied_numbers})

@@ -69,8 +69,9 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
     else:
         assert opts.database_url is not None, "give a database URL or a config"
         winner = tuned_winner(opts.database_url, table.workload)
-    if table.space().violation(winner) is not None:
-        raise ValueError(f"config {winner.describe()}: not in the table's space: {table.space().violation(winner)}")
+    outside = table.space().violation(winner)
+    if outside is not None:
+        raise ValueError(f"config {winner.describe()}: not in the table's space: {outside}")
     best_ms = table.best[1].median_ms or 0.0
     recorded = {k: table.entries[k][1].median_ms for k in table.tied_with_best()}
     candidates = {k: table.entries[k][0] for k in sorted(recorded, key=lambda k: recorded[k] or 0.0)}
@@ -95,12 +96,12 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
         runs = interleaved(ok, visit, opts.rounds, opts.seed)
     if winner.key in failed:
         raise RuntimeError(f"the winner {winner.describe()} did not measure: {failed[winner.key]}")
-    stats = {k: RunStats.of(runs[k]) for k in ok}
-    fastest = min(ok, key=lambda k: stats[k].median_ms)  # type: ignore[union-attr]
+    stats = {k: s for k in ok if (s := RunStats.of(runs[k])) is not None}
+    order = sorted(stats, key=lambda k: stats[k].median_ms)
+    fastest = order[0]
     rows = []
-    for key in sorted(ok, key=lambda k: stats[k].median_ms):  # type: ignore[union-attr]
+    for key in order:
         s = stats[key]
-        assert s is not None
         d = difference(runs[key], runs[fastest])
         table_ms = table.entries[key][1].median_ms if key in table.entries else None
         rows.append(
