@@ -1,7 +1,7 @@
 """The search: an Optuna study over the search space, measured through a supervisor.
 
 Per job one study (ask-and-tell, so invalid points are never measured):
- - samplers by name (:mod:`autotune.samplers`; ``tpe`` by default);
+ - samplers by name (:mod:`autotune.samplers`; ``surrogate`` by default);
  - warm start: the kernel's heuristic config and any given seed configs are
    enqueued first (``enqueue_trial``);
  - the same params are never measured twice: a repeated proposal is answered
@@ -30,6 +30,7 @@ from autotune.host_load import OtherLoad
 from autotune.measure import Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
+from autotune.surrogate import Ridge
 from kernel.config import TileConfig
 from kernel.cost import grid_steps
 from kernel.heuristic import heuristic_config
@@ -65,7 +66,7 @@ class Coordinator(Protocol):
 @dataclasses.dataclass
 class SearchOptions:
     trials: int = 40  # measured configs (invalid and repeated proposals do not count)
-    sampler: str = "tpe"
+    sampler: str = "surrogate"
     seed: int = 0
     timeout_s: float | None = None  # whole-search time budget
     top_k: int = 3
@@ -78,6 +79,9 @@ class SearchOptions:
     prune_factor: float = 2.0
     seed_configs: tuple[TileConfig, ...] = ()
     warm_start: bool = True
+    # The family's model (autotune.surrogate.fit_prior on the database's trials of other workloads of the
+    # family): where the ``surrogate`` sampler's model starts. Part of the warm start.
+    prior: Ridge | None = None
     startup_trials: int = 8
     # Configs proposed ahead of the one being measured, handed to a measurer that can prepare them
     # (``prefetch``: compile while the device times the current one). 0: propose, then measure.
@@ -170,7 +174,9 @@ def run_search(
     distributions = coding.distributions()
     study = optuna.create_study(
         direction="minimize",
-        sampler=make_sampler(options.sampler, space, options.seed, options.startup_trials),
+        sampler=make_sampler(
+            options.sampler, space, options.seed, options.startup_trials, options.prior if options.warm_start else None
+        ),
         storage=storage,
         study_name=study_name,
         load_if_exists=study_name is not None,

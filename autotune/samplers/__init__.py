@@ -1,6 +1,9 @@
 """Samplers of the search, by name: :func:`make_sampler`.
 
-- ``tpe`` (default): :class:`~autotune.samplers.local_search.LocalSearchSampler`,
+- ``surrogate`` (default): :class:`~autotune.samplers.surrogate.SurrogateSampler`, the
+  config a model of the measured trials (started from the family's model when the
+  database knows one) predicts fastest;
+- ``tpe``: :class:`~autotune.samplers.local_search.LocalSearchSampler`,
   multivariate TPE interleaved with local steps (one-step neighbours) around the
   warm start and the best configs;
 - ``tpe-plain``: multivariate TPE alone (both read each trial's ``infeasible``
@@ -21,12 +24,14 @@ from typing import Any
 import optuna
 
 from autotune.samplers.local_search import LocalSearchSampler
+from autotune.samplers.surrogate import SurrogateSampler
 from autotune.space import ParamCoding, SearchSpace
+from autotune.surrogate import Ridge
 
-SAMPLERS = ("tpe", "tpe-plain", "random", "grid", "gp", "brute")
+SAMPLERS = ("surrogate", "tpe", "tpe-plain", "random", "grid", "gp", "brute")
 PENALTY_MS = 1e9  # objective of infeasible points (never compared with real times)
 
-__all__ = ["PENALTY_MS", "SAMPLERS", "LocalSearchSampler", "make_sampler"]
+__all__ = ["PENALTY_MS", "SAMPLERS", "LocalSearchSampler", "SurrogateSampler", "make_sampler"]
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -37,8 +42,13 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def make_sampler(name: str, space: SearchSpace, seed: int, startup_trials: int) -> optuna.samplers.BaseSampler:
-    """The sampler called ``name`` (one of :data:`SAMPLERS`) for ``space``."""
+def make_sampler(
+    name: str, space: SearchSpace, seed: int, startup_trials: int, prior: Ridge | None = None
+) -> optuna.samplers.BaseSampler:
+    """The sampler called ``name`` (one of :data:`SAMPLERS`) for ``space``; ``prior`` (the family's
+    model, :func:`autotune.surrogate.fit_prior`) steers ``surrogate`` and is ignored by the others."""
+    if name == "surrogate":
+        return SurrogateSampler(space, prior=prior, seed=seed, penalty=PENALTY_MS)
     if name in ("tpe", "tpe-plain"):
         tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
         return tpe if name == "tpe-plain" else LocalSearchSampler(space, tpe, seed=seed, penalty=PENALTY_MS)

@@ -40,10 +40,13 @@ import numpy as np
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
+from autotune.surrogate import Ridge, fit_prior
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
+from kernel.workload import Workload
 
 BUDGETS = (10, 20, 40)
+DATABASE_TRIALS = 40  # trials a tune leaves in the database: the default budget of ``tiletune tune``
 PEER_PREFIX = "kt:"
 # Kernel Tuner's strategies that run in simulation mode on a discrete space, and that "kt:all" means.
 PEER_STRATEGIES = (
@@ -88,10 +91,12 @@ def measured_sequence(
     budget: int,
     warm_start: bool,
     neighbours: Sequence[TileConfig] = (),
+    prior: Ridge | None = None,
 ) -> list[str]:
     """The keys of the configs ``strategy`` measures on ``table``, in order, without repeats, at most ``budget``.
     With ``warm_start``, the heuristic comes first, then ``neighbours`` (the tuned configs of nearby workloads
-    a database would offer, :func:`server.worker.tune.warm_start_configs`), for every strategy alike."""
+    a database would offer, :func:`server.worker.tune.warm_start_configs`), for every strategy alike, and
+    ``prior`` (the family's model, :func:`family_prior`) steers the samplers that use one (``surrogate``)."""
     seeds = tuple(neighbours) if warm_start else ()
     if strategy.startswith(PEER_PREFIX):
         keys = _peer_sequence(table, strategy[len(PEER_PREFIX) :], seed, budget)
@@ -100,7 +105,13 @@ def measured_sequence(
         return list(dict.fromkeys(k for k in keys if k is not None))[:budget]
     measurer = ReplayMeasurer(table)
     options = SearchOptions(
-        trials=budget, sampler=strategy, seed=seed, prune=False, warm_start=warm_start, seed_configs=seeds
+        trials=budget,
+        sampler=strategy,
+        seed=seed,
+        prune=False,
+        warm_start=warm_start,
+        seed_configs=seeds,
+        prior=prior,
     )
     run_search(table.space(), measurer, options, finalize=False)
     return list(dict.fromkeys(measurer.measured))[:budget]
@@ -125,6 +136,7 @@ class Scores:
     trials_to_tied: list[float]  # per seed; inf when not reached within the budget
     regret: dict[int, list[float]]  # budget -> per seed
     neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
+    prior: bool = False  # whether the family's model steered the strategy
 
     def summary(self) -> dict[str, Any]:
         reached = [t for t in self.trials_to_tied if math.isfinite(t)]
@@ -133,6 +145,7 @@ class Scores:
             "strategy": self.strategy,
             "warm_start": self.warm_start,
             "neighbours": self.neighbours,
+            "family_model": self.prior,
             "table_size": self.size,
             "tied_set": self.tied,
             "median_trials_to_tied": float(np.median(self.trials_to_tied)),
@@ -162,6 +175,25 @@ def neighbour_bests(table: RecordedTable, others: Sequence[RecordedTable]) -> li
     return list({c.key: c for c in bests if c.key in table.entries}.values())
 
 
+def family_prior(table: RecordedTable, others: Sequence[RecordedTable]) -> Ridge | None:
+    """The family's model a database holding tunes of ``others`` would give ``table``: :func:`fit_prior` on
+    the ok trials a default search of :data:`DATABASE_TRIALS` trials (seed 0, no prior) measures on each
+    other table of ``table``'s family, as :func:`server.worker.tune.family_prior` fits it on a database's
+    trials. Not the whole of those tables: a tune leaves its trials in the database, not an exhaustive table."""
+    trials: list[tuple[Workload, TileConfig, float]] = []
+    for other in others:
+        if other is table or other.workload.family != table.workload.family:
+            continue
+        options = SearchOptions(trials=DATABASE_TRIALS, seed=0, prune=False)
+        result = run_search(other.space(), ReplayMeasurer(other), options, finalize=False)
+        trials += [
+            (other.workload, t.config, t.measurement.median_ms)
+            for t in result.trials
+            if t.measurement.status == "ok" and t.measurement.median_ms is not None
+        ]
+    return fit_prior(trials, table.backend)
+
+
 def replay(
     table: RecordedTable,
     name: str,
@@ -170,15 +202,18 @@ def replay(
     budget: int | None = None,
     warm_start: bool = True,
     neighbours: Sequence[TileConfig] = (),
+    prior: Ridge | None = None,
 ) -> Scores:
     """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
-    (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start."""
+    (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start, and ``prior``
+    (the family's model) with it."""
     budget = min(budget or max(BUDGETS), len(table.entries))
     tied = table.tied_with_best()
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
     scores.neighbours = len(neighbours) if warm_start else 0
+    scores.prior = warm_start and prior is not None and strategy == "surrogate"
     for seed in range(seeds):
-        sequence = measured_sequence(table, strategy, seed, budget, warm_start, neighbours)
+        sequence = measured_sequence(table, strategy, seed, budget, warm_start, neighbours, prior)
         hit, regret = score(table, sequence, tied)
         scores.trials_to_tied.append(hit)
         for b, r in regret.items():
@@ -229,10 +264,11 @@ def _peer_sequence(table: RecordedTable, strategy: str, seed: int, budget: int) 
 
 
 def _start(row: dict[str, Any]) -> str:
-    """The warm-start cell of a report row: off, on, or on with the neighbours it measured."""
+    """The warm-start cell of a report row: off, on, or on with the neighbours it measured and the family's model."""
     if not row["warm_start"]:
         return "off"
-    return f"on + {row['neighbours']} neighbour(s)" if row.get("neighbours") else "on"
+    start = f"on + {row['neighbours']} neighbour(s)" if row.get("neighbours") else "on"
+    return start + " + family model" if row.get("family_model") else start
 
 
 def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:

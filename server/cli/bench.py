@@ -256,7 +256,7 @@ def bench_search_cmd(
     replay: Annotated[list[Path] | None, typer.Option("--replay", help="Recorded tables to replay")] = None,
     sampler: Annotated[
         str, typer.Option(help="Strategies, comma-separated: tiletune's samplers, kt:<strategy> or kt:all (peers)")
-    ] = "tpe,tpe-plain,random",
+    ] = "surrogate,tpe,tpe-plain,random",
     warm_start: Annotated[
         str, typer.Option(help="on | off | both: every strategy starts from the heuristic config, or none does")
     ] = "both",
@@ -270,8 +270,9 @@ def bench_search_cmd(
         bool,
         typer.Option(
             "--neighbours",
-            help="The warm start also measures the fastest config of every other replayed table of the same "
-            "family (what a database holding them as tuned workloads offers), for every strategy",
+            help="What a database holding the other replayed tables of the same family as tuned workloads "
+            "offers: their fastest configs join every strategy's warm start, and the family's model, fitted on "
+            "a 40-trial tune of each, steers the default (surrogate)",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -282,7 +283,7 @@ def bench_search_cmd(
 ) -> None:
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
-    from server.bench.search import neighbour_bests, print_search_report, strategies
+    from server.bench.search import family_prior, neighbour_bests, print_search_report, strategies
     from server.bench.search import replay as replay_table
     from server.worker.tune import local_workload
 
@@ -327,10 +328,13 @@ def bench_search_cmd(
     loaded = {path: RecordedTable.load(path) for path in replay}
     for path, table in loaded.items():
         seeds_of = neighbour_bests(table, list(loaded.values())) if neighbours else []
+        prior = family_prior(table, list(loaded.values())) if neighbours else None
         for name in names:
             for start in starts:
                 err.print(f"replaying {path.name} with {name}, warm start {'on' if start else 'off'} ({seeds} seeds)")
-                scores = replay_table(table, path.name, name, seeds, budget, warm_start=start, neighbours=seeds_of)
+                scores = replay_table(
+                    table, path.name, name, seeds, budget, warm_start=start, neighbours=seeds_of, prior=prior
+                )
                 rows.append(scores.summary())
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -23,7 +23,9 @@ def tune(
     trial_timeout: Annotated[
         float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
     ] = 300,
-    sampler: Annotated[str, typer.Option(help="tpe | tpe-plain | random | grid | gp | brute")] = "tpe",
+    sampler: Annotated[
+        str, typer.Option(help="surrogate | tpe | tpe-plain | random | grid | gp | brute")
+    ] = "surrogate",
     seed: Annotated[int, typer.Option(help="Sampler seed")] = 0,
     warm_start: Annotated[
         bool,

@@ -42,6 +42,48 @@ def workload_trials(session: Session, workload_id: int) -> Sequence[Trial]:
     return session.scalars(select(Trial).where(Trial.workload_id == workload_id).order_by(Trial.id)).all()
 
 
+FAMILY_TRIALS = 5000  # newest ok trials of a family a search's prior is fitted on
+
+
+def family_trials(
+    session: Session, wl: Workload, limit: int = FAMILY_TRIALS
+) -> list[tuple[Workload, TileConfig, float]]:
+    """``(workload, config, median_ms)`` of the newest ``limit`` ok trials of the *other* workloads of
+    ``wl``'s device kind, backend and family: what the family's model (:func:`autotune.surrogate.fit_prior`)
+    learns from. Trials whose workload or params no longer parse (an older kernel version) are left out."""
+    rows = session.execute(
+        select(WorkloadRow.spec, Trial.params, Trial.median_ms)
+        .join(WorkloadRow, WorkloadRow.id == Trial.workload_id)
+        .where(
+            WorkloadRow.device_kind == wl.device_kind,
+            WorkloadRow.backend == wl.backend,
+            WorkloadRow.family == wl.family,
+            WorkloadRow.key != wl.key,
+            Trial.status == "ok",
+            Trial.median_ms.is_not(None),
+        )
+        .order_by(Trial.id.desc())
+        .limit(limit)
+    ).all()
+    out: list[tuple[Workload, TileConfig, float]] = []
+    specs: dict[str, Workload | None] = {}
+    for spec, params, median_ms in rows:
+        text = repr(sorted(spec.items()))
+        if text not in specs:
+            try:
+                specs[text] = Workload.from_dict(spec)
+            except ValueError:
+                specs[text] = None
+        workload = specs[text]
+        try:
+            config = TileConfig.from_dict(params)
+        except (ValueError, TypeError):
+            continue
+        if workload is not None:
+            out.append((workload, config, float(median_ms)))
+    return out
+
+
 def publish_tuned_config(
     session: Session,
     workload: WorkloadRow,

