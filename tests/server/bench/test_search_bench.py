@@ -21,9 +21,15 @@ def _replay(*args: str) -> Any:
 
 
 def test_neighbours_of_the_same_family_join_the_warm_start() -> None:
-    rows = _replay("--sampler", "tpe,random", "--warm-start", "both", "--neighbours", "--json")
+    rows = _replay("--sampler", "tpe,random,surrogate", "--warm-start", "both", "--neighbours", "--json")
     by = {(r["table"], r["strategy"], r["warm_start"]): r for r in rows}
-    assert len(rows) == 3 * 2 * 2
+    assert len(rows) == 3 * 3 * 2
+    # The family's model (fitted on a tune of the other table of the family) steers the default only.
+    assert [(r["table"], r["warm_start"]) for r in rows if r["family_model"]] == [
+        ("cpu-demo.xla.json", True),
+        ("small-mixed.xla.json", True),
+    ]
+    assert {r["strategy"] for r in rows if r["family_model"]} == {"surrogate"}
     # cpu-demo and small-mixed are one family, each the other's neighbour; suffix-sink has none.
     for strategy in ("tpe", "random"):
         assert by[("cpu-demo.xla.json", strategy, True)]["neighbours"] == 1
@@ -38,6 +44,9 @@ def test_neighbours_of_the_same_family_join_the_warm_start() -> None:
     args = ["bench", "search", "--replay", *TABLES[:2], "--sampler", "tpe", "--warm-start", "on", "--neighbours"]
     printed = runner.invoke(cli, [*args, "--seeds", "1", "--budget", "3"], env=wide)
     assert printed.exit_code == 0 and printed.stdout.count("on + 1 neighbour(s)") == 2, printed.output
+    args[args.index("tpe")] = "surrogate"
+    printed = runner.invoke(cli, [*args, "--seeds", "1", "--budget", "3"], env=wide)
+    assert printed.exit_code == 0 and printed.stdout.count("on + 1 neighbour(s) + family model") == 2, printed.output
 
 
 def test_bad_options_are_named() -> None:

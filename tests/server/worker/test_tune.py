@@ -20,7 +20,7 @@ from server.cli import app as cli
 from server.store import models, records, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
-from server.worker.tune import tune_workload, warm_start_configs
+from server.worker.tune import family_prior, tune_workload, warm_start_configs
 
 WORKLOAD = Workload(
     "cpu",
@@ -157,3 +157,36 @@ def test_warm_starts_are_the_own_config_then_the_three_nearest_tuned_workloads_o
     finally:
         db.dispose()
     assert [c.block_q for c in seeds] == [8, 16, 32, 64]
+
+
+def test_the_family_model_is_fitted_on_the_ok_trials_of_the_other_workloads_of_the_family(tmp_path: Any) -> None:
+    """records.family_trials reads what the family's model learns from: ok trials with a time, of the
+    other workloads of the device kind, backend and family; not the workload's own trials, not another
+    family's, not failed ones. family_prior fits the model once there are enough."""
+    url = f"sqlite:///{tmp_path / 'family.db'}"
+    upgrade(url)
+    db = Database(url)
+    space = SearchSpace(WORKLOAD, "xla")
+    configs = space.enumerate()[:30]
+    sibling = dataclasses.replace(WORKLOAD, pattern=SparsityPattern(VideoLayout(6, 64), WORKLOAD.pattern.heads))
+    stranger = dataclasses.replace(WORKLOAD, pattern=SparsityPattern(VideoLayout(6, 64), (HeadPattern.dense(),)))
+    gpu = dataclasses.replace(sibling, device_kind="other-cpu")
+    try:
+        with db.transaction() as session:
+            for wl, status in ((WORKLOAD, "ok"), (stranger, "ok"), (gpu, "ok"), (sibling, "ok"), (sibling, "pruned")):
+                row = workloads.workload_row(session, wl)
+                for i, c in enumerate(configs):
+                    median = 1.0 + i if status == "ok" else 0.5  # a pruned trial's partial median: not a time
+                    records.record_trial(session, row, c.to_dict(), status, median_ms=median)
+        with db.transaction() as session:
+            trials = records.family_trials(session, WORKLOAD)
+            assert {wl.key for wl, _, _ in trials} == {sibling.key}
+            assert sorted(m for _, _, m in trials) == [1.0 + i for i in range(len(configs))]
+            assert family_prior(session, WORKLOAD) is not None
+            assert (
+                records.family_trials(session, WORKLOAD, limit=5)
+                and len(records.family_trials(session, WORKLOAD, limit=5)) == 5
+            )
+            assert family_prior(session, stranger) is None  # its family holds no other workload
+    finally:
+        db.dispose()

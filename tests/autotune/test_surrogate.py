@@ -1,0 +1,148 @@
+"""The default strategy's model (autotune.surrogate) and its sampler (autotune.samplers.surrogate):
+the family's model carries over to another workload of the family, the sampler proposes what the
+model predicts fastest, never a config measured or in flight, and rebuilds everything from the study."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+
+from autotune.replay import RecordedTable, bundled_table
+from autotune.samplers import PENALTY_MS
+from autotune.samplers.surrogate import SurrogateSampler
+from autotune.search import SearchOptions, run_search
+from autotune.space import ParamCoding, SearchSpace
+from autotune.surrogate import MIN_PRIOR_TRIALS, Ridge, features, fit_prior
+from kernel.config import TileConfig
+
+from .test_search import WORKLOAD, FakeMeasurer
+
+
+def _ok(table: RecordedTable) -> list[tuple[TileConfig, float]]:
+    return [(c, m.median_ms) for c, m in table.entries.values() if m.status == "ok" and m.median_ms is not None]
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_the_features_of_a_config_do_not_depend_on_which_other_configs_are_described() -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    configs = space.enumerate()
+    whole = features(space, configs)
+    assert whole.shape[0] == len(configs) and np.all(whole[:, 0] == 1.0)
+    assert np.allclose(features(space, configs[3:7]), whole[3:7])
+    assert len({tuple(row) for row in whole}) == len(configs)  # every config is told apart
+
+
+def test_a_ridge_without_a_centre_recovers_a_linear_law_and_with_one_stays_near_it_on_few_points() -> None:
+    rng = np.random.default_rng(0)
+    x = np.hstack([np.ones((200, 1)), rng.normal(size=(200, 4))])
+    truth = np.array([0.5, 1.0, -2.0, 0.0, 3.0])
+    fitted = Ridge.fit(x, x @ truth, ridge=1e-6)
+    assert np.allclose(fitted.weights, truth, atol=1e-4)
+    # Two points cannot overturn a centre: the fit keeps the centre's slopes where the points say nothing.
+    centre = Ridge(truth)
+    few = Ridge.fit(x[:2], x[:2] @ truth + 5.0, ridge=3.0, centre=centre)
+    assert np.allclose(few.weights[1:], truth[1:], atol=0.2)  # the free intercept took the shift
+    assert abs(few.weights[0] - (truth[0] + 5.0)) < 0.5
+
+
+def test_the_family_model_of_one_table_ranks_another_workload_of_its_family() -> None:
+    """Fitted on small-mixed's configs only, the model orders cpu-demo's (same family, 4x the tokens,
+    never seen): the carry-over the default's start relies on."""
+    small, demo = (RecordedTable.load(bundled_table(n)) for n in ("small-mixed.xla.json", "cpu-demo.xla.json"))
+    prior = fit_prior([(small.workload, c, m) for c, m in _ok(small)], "xla")
+    assert prior is not None
+    configs, medians = zip(*_ok(demo), strict=True)
+    predicted = prior.predict(features(demo.space(), list(configs)))
+    assert _spearman(predicted, np.log(medians)) > 0.6
+
+
+def test_a_family_model_needs_enough_valid_finite_trials() -> None:
+    small = RecordedTable.load(bundled_table("small-mixed.xla.json"))
+    ok = _ok(small)
+    few = [(small.workload, c, m) for c, m in ok[: MIN_PRIOR_TRIALS - 1]]
+    assert fit_prior(few, "xla") is None
+    bad = [math.inf, 0.0, -1.0, math.nan] * 13
+    junk = [(small.workload, c, b) for (c, _), b in zip(ok[:52], bad, strict=True)]
+    assert fit_prior(junk + few, "xla") is None  # non-finite and non-positive times are not trials
+    assert fit_prior([(small.workload, c, m) for c, m in ok[:MIN_PRIOR_TRIALS]], "xla") is not None
+
+
+def _study(space: SearchSpace, tmp_path: Any, trials: int, **options: Any) -> tuple[str, list[Any]]:
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    run_search(space, FakeMeasurer(), SearchOptions(trials=trials, **options), storage=storage, study_name="s")
+    return storage, optuna.load_study(study_name="s", storage=storage).trials
+
+
+def _pending(study: optuna.Study) -> Any:
+    """A new trial with no params yet, as a worker's ask creates it (study.ask would pop an enqueued one)."""
+    return study._storage.get_trial(study._storage.create_new_trial(study._study_id))
+
+
+def test_the_sampler_proposes_valid_configs_never_measured_nor_in_flight_and_the_same_from_any_process(
+    tmp_path: Any,
+) -> None:
+    space = SearchSpace(WORKLOAD, "xla", max_padding=0.1)
+    coding = ParamCoding(space)
+    storage, trials = _study(space, tmp_path, 25, seed=3)
+    keys = [coding.decode(t.params).key for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(keys) == len(set(keys)) == 25
+    assert all(space.violation(coding.decode(t.params)) is None for t in trials)
+    study = optuna.load_study(study_name="s", storage=storage)
+    frozen = _pending(study)
+    first = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, frozen)
+    again = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, frozen)
+    assert first is not None and first == again
+    assert coding.decode(first).key not in keys
+    study.enqueue_trial(first)  # another worker took it
+    study = optuna.load_study(study_name="s", storage=storage)
+    second = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, _pending(study))
+    assert second is not None and second != first
+
+
+def test_without_measurements_the_first_proposal_is_the_family_models_fastest(tmp_path: Any) -> None:
+    """A prior that knows one config is fastest makes it the first measured when there is no warm start."""
+    space = SearchSpace(WORKLOAD, "xla")
+    configs = space.enumerate()
+    x = features(space, configs)
+    target = len(configs) // 2
+    y = np.full(len(configs), 1.0)
+    y[target] = 0.0
+    prior = Ridge.fit(x, y, ridge=1e-6)
+    assert int(np.argmin(prior.predict(x))) == target  # the planted law is representable
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(storage=storage, study_name="s")
+    proposal = SurrogateSampler(space, prior=prior, noise=0.0).proposal(study, _pending(study))
+    assert proposal is not None and ParamCoding(space).decode(proposal) == configs[target]
+
+
+def test_a_space_with_every_config_taken_leaves_the_proposal_to_the_search(tmp_path: Any) -> None:
+    space = SearchSpace(WORKLOAD, "xla", max_padding=0.0)
+    size = len(space.enumerate())
+    storage, trials = _study(space, tmp_path, size + 5, seed=1)
+    assert len({t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE}) >= size
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert SurrogateSampler(space, penalty=PENALTY_MS).proposal(study, _pending(study)) is None
+
+
+def test_the_family_model_reaches_the_sampler_through_search_options_with_the_warm_start() -> None:
+    """``SearchOptions.prior`` is part of the warm start: with it, the config the planted prior calls fastest
+    is measured right after the heuristic; with the warm start off, the prior is not used."""
+    space = SearchSpace(WORKLOAD, "xla")
+    configs = space.enumerate()
+    x = features(space, configs)
+    prior = Ridge(np.random.default_rng(1).normal(size=x.shape[1]) * 5)  # a law planted at random
+    predicted = np.sort(prior.predict(x))
+    assert predicted[1] - predicted[0] > 0.3  # a clear favourite: three times the sampler's perturbation
+    target = configs[int(np.argmin(prior.predict(x)))]
+    for seed in range(3):
+        warm = run_search(space, FakeMeasurer(), SearchOptions(trials=2, seed=seed, prior=prior), finalize=False)
+        assert warm.trials[1].config == target
+        cold = SearchOptions(trials=2, seed=seed, prior=prior, warm_start=False)
+        assert target not in [t.config for t in run_search(space, FakeMeasurer(), cold, finalize=False).trials]
