@@ -92,6 +92,35 @@ def other_cores(before: Snapshot, after: Snapshot, ticks_per_s: float) -> float:
     return max(0.0, others / ticks_per_s / seconds)
 
 
+def _core_jiffies(proc: Path) -> dict[int, tuple[int, int]]:
+    """core -> (busy, total) jiffies, from the ``cpuN`` lines of ``/proc/stat``."""
+    out = {}
+    for line in (proc / "stat").read_text().splitlines()[1:]:
+        name, *rest = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        fields = [int(x) for x in rest[:8]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        out[int(name[3:])] = (sum(fields) - idle, sum(fields))
+    return out
+
+
+def core_busy(interval_s: float = 0.2, proc: Path = PROC) -> dict[int, float]:
+    """Busy share (0-1) of each core over ``interval_s``; empty where ``/proc/stat`` cannot tell. Used to
+    measure on the quietest core: the one another worker's measuring child is not already timing on."""
+    try:
+        before = _core_jiffies(proc)
+        time.sleep(interval_s)
+        after = _core_jiffies(proc)
+    except (OSError, ValueError, IndexError):
+        return {}
+    busy = {}
+    for core, (b1, t1) in after.items():
+        b0, t0 = before.get(core, (b1, t1))
+        busy[core] = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+    return busy
+
+
 class OtherLoad:
     """``with OtherLoad() as load: ...`` then ``load.cores``: what other programs used meanwhile
     (None where it cannot be read)."""

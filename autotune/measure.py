@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autotune.host_load import core_busy
 from kernel.attention import sparse_attention
 from kernel.config import TileConfig
 from kernel.pattern import HeadPattern, SparsityPattern
@@ -63,12 +64,21 @@ CPU_BACKENDS = ("xla", "interpret")  # backends whose programs run on this machi
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def pin_one_core() -> int:
-    """Pin this process to one of the cores it may run on, and return it. Call before JAX creates
-    its CPU client: XLA sizes its thread pool by the cores the process may use. The core is chosen
-    by process id, so the measuring children of two workers on one machine usually differ."""
+def pin_one_core(core: int | None = None) -> int:
+    """Pin this process to one core it may run on, and return it. Call before JAX creates its CPU
+    client: XLA sizes its thread pool by the cores the process may use. ``core`` names it (a
+    ValueError if this process may not run there); by default it is the quietest of the allowed
+    cores over a fifth of a second (:func:`autotune.host_load.core_busy`), so the measuring child of a
+    second worker on the machine does not time on the core the first one is timing on (ties: by process
+    id)."""
     allowed = sorted(os.sched_getaffinity(0))
-    core = allowed[os.getpid() % len(allowed)]
+    if core is None:
+        busy = core_busy() if len(allowed) > 1 else {}
+        start = os.getpid() % len(allowed)
+        rotated = allowed[start:] + allowed[:start]
+        core = min(rotated, key=lambda c: round(busy.get(c, 0.0), 1))
+    elif core not in allowed:
+        raise ValueError(f"core {core} is not one this process may run on (allowed: {allowed})")
     os.sched_setaffinity(0, {core})
     return core
 
@@ -161,8 +171,10 @@ class MeasureOptions:
     # Threads compiling configs announced by ``prefetch`` while the device times the current one. Only
     # worth it where the timed work runs on a device, not on the CPU that compiles (the tpu backend).
     compile_threads: int = 1
-    # CPU backends: the supervised measuring child runs on one core and times in CPU time (module doc).
+    # CPU backends: the supervised measuring child runs on one core and times in CPU time (module doc);
+    # ``core`` names it (default: the quietest, :func:`pin_one_core`).
     one_core: bool = True
+    core: int | None = None
 
 
 ANCHORS = ("dense", "tiled_dense")

@@ -54,7 +54,7 @@ def _child_main(
 
     def setup() -> Callable[[str, Any], Any]:
         if backend in CPU_BACKENDS and options.get("one_core", True):
-            pin_one_core()  # before the bench below makes JAX create its CPU client
+            pin_one_core(options.get("core"))  # before the bench below makes JAX create its CPU client
         bench = WorkloadBench(Workload.from_dict(workload), backend, Options(**options), inject)
 
         def handle(op: str, payload: Any) -> Any:

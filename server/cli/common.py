@@ -33,6 +33,23 @@ BenchDatabaseOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout")]
+CoreOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--core",
+        min=0,
+        help="CPU backends: the core the measuring child times on (default: the quietest when it starts)",
+    ),
+]
+
+
+def checked_core(core: int | None) -> int | None:
+    """``--core`` when this process may run there (the measuring child inherits the allowed cores)."""
+    import os
+
+    if core is not None and core not in os.sched_getaffinity(0):
+        raise typer.BadParameter(f"--core {core}: this process may run on cores {sorted(os.sched_getaffinity(0))}")
+    return core
 
 
 def out() -> Console:

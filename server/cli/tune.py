@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from server.cli.common import DatabaseOpt, JsonOpt, err, fail, no_tpu_device, out, speedups
+from server.cli.common import CoreOpt, DatabaseOpt, JsonOpt, checked_core, err, fail, no_tpu_device, out, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -35,6 +35,7 @@ def tune(
     ] = True,
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 (preset default; float32 on xla)")] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
+    core: CoreOpt = None,
     database_url: DatabaseOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -87,7 +88,7 @@ def tune(
                 wl,
                 database_url=url,
                 search=options,
-                measure=MeasureOptions(repeats=repeats),
+                measure=MeasureOptions(repeats=repeats, core=checked_core(core)),
                 trial_timeout_s=trial_timeout,
                 on_trial=on_trial,
             )

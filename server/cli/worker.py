@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from autotune.host_load import BUSY_ABOVE_CORES
-from server.cli.common import DatabaseOpt, err, fail, no_tpu_device, speedups
+from server.cli.common import CoreOpt, DatabaseOpt, checked_core, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
 
 
@@ -47,6 +47,7 @@ def worker(
         float, typer.Option(min=1, help="A trial not done in this many seconds is a timeout")
     ] = 300,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per trial (at least)")] = 5,
+    core: CoreOpt = None,
     replay_table: Annotated[
         list[Path] | None, typer.Option("--replay-table", help="Recorded tables served by --backend replay")
     ] = None,
@@ -110,7 +111,7 @@ def worker(
         lease_s=lease,
         poll_s=poll,
         trial_timeout_s=trial_timeout,
-        measure=MeasureOptions(repeats=repeats, compile_threads=max(1, lookahead)),
+        measure=MeasureOptions(repeats=repeats, compile_threads=max(1, lookahead), core=checked_core(core)),
         search=SearchOptions(lookahead=lookahead),
         replay_tables=tuple(replay_table or ()),
         replay_sleep=replay_sleep,

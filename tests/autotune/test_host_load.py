@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.host_load import OtherLoad, Snapshot, other_cores, snapshot
+from autotune import measure
+from autotune.host_load import OtherLoad, Snapshot, core_busy, other_cores, snapshot
 
 
 def _fake_proc(root: Path, cpu: list[int], procs: dict[int, tuple[int, int, int]]) -> Path:
@@ -57,3 +58,39 @@ def test_a_busy_program_outside_the_process_tree_is_seen() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
     assert load.cores is not None and load.cores >= 0.4, load.cores
+
+
+def test_each_cores_busy_share_is_read_from_its_cpu_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    lines = iter(
+        [
+            # user nice system idle iowait: core 0 busy 100 of 200 jiffies between the readings, core 1 none
+            "cpu  0 0 0 0 0\ncpu0 100 0 0 100 0\ncpu1 10 0 0 500 0\n",
+            "cpu  0 0 0 0 0\ncpu0 180 0 20 200 0\ncpu1 10 0 0 700 0\n",
+        ]
+    )
+
+    def advance(_: float) -> None:
+        (root / "stat").write_text(next(lines))
+
+    advance(0)
+    monkeypatch.setattr("autotune.host_load.time.sleep", advance)
+    assert core_busy(0.2, proc=root) == {0: pytest.approx(0.5), 1: 0.0}
+    assert core_busy(0.2, proc=tmp_path / "missing") == {}
+
+
+@pytest.mark.parametrize("busy", [{0: 0.9, 1: 0.02}, {0: 0.01, 1: 1.0}])
+def test_the_measuring_core_is_the_quietest_unless_one_is_named(
+    busy: dict[int, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second worker's measuring child does not time on the core the first one is timing on."""
+    pinned: list[set[int]] = []
+    monkeypatch.setattr(measure.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(measure.os, "sched_setaffinity", lambda _pid, cores: pinned.append(set(cores)))
+    monkeypatch.setattr(measure, "core_busy", lambda: busy)
+    quietest = min(busy, key=lambda c: busy[c])
+    assert measure.pin_one_core() == quietest and pinned[-1] == {quietest}
+    assert measure.pin_one_core(1 - quietest) == 1 - quietest and pinned[-1] == {1 - quietest}
+    with pytest.raises(ValueError, match="core 5"):
+        measure.pin_one_core(5)

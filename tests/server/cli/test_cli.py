@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +105,11 @@ def test_a_worker_says_when_its_winner_was_timed_under_load(
     printed = capsys.readouterr().err
     assert "job 7" in printed and "10.00x" in printed
     assert ("1.3 cores busy" in printed) == (others == 1.3)
+
+
+def test_a_core_the_process_may_not_run_on_is_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'core.db'}"
+    outside = max(os.sched_getaffinity(0)) + 1
+    for command in (["tune", "--preset", "cpu-demo", "--backend", "xla"], ["worker", "--backend", "xla"]):
+        result = runner.invoke(cli, [*command, "--core", str(outside), "--database-url", url])
+        assert result.exit_code == 2 and "--core" in result.output, result.output
