@@ -90,4 +90,5 @@ def timing_json(t: dict[str, Any]) -> dict[str, Any]:
         "speedup": over(t["dense_ms"]),
         "tiled_dense_ms": t["tiled_dense_ms"],
         "speedup_vs_tiled_dense": over(t["tiled_dense_ms"]),
+        "others_cores": t["others_cores"],
     }

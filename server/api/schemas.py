@@ -139,6 +139,11 @@ class TimingOut(BaseModel):
     speedup_vs_tiled_dense: float | None = Field(
         None, description="tiled_dense_ms / median_ms: what the sparsity saves on this backend"
     )
+    others_cores: float | None = Field(
+        None,
+        description="Cores other programs kept busy while these were timed (null: not measured); above 0.25 a "
+        "CPU speedup over dense reads low",
+    )
 
 
 class LookupResponse(BaseModel):

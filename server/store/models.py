@@ -160,6 +160,8 @@ class TunedConfig(Base):
     p90_ms: Mapped[float | None] = mapped_column(Float)
     dense_ms: Mapped[float | None] = mapped_column(Float)  # the library's dense attention, timed beside it
     tiled_dense_ms: Mapped[float | None] = mapped_column(Float)  # the same backend's tiles, all-dense pattern
+    # Cores other programs kept busy while the winner and its anchors were timed (autotune.host_load).
+    others_cores: Mapped[float | None] = mapped_column(Float)
     jax_version: Mapped[str] = mapped_column(String(32))
     jaxlib_version: Mapped[str] = mapped_column(String(32))
     libtpu_version: Mapped[str | None] = mapped_column(String(64))

@@ -95,6 +95,7 @@ def publish_tuned_config(
     p90_ms: float | None = None,
     dense_ms: float | None = None,
     tiled_dense_ms: float | None = None,
+    others_cores: float | None = None,
     trial: Trial | None = None,
 ) -> TunedConfig:
     """Make ``config`` the workload's current best; the previous one is kept, superseded.
@@ -122,6 +123,7 @@ def publish_tuned_config(
         p90_ms=p90_ms,
         dense_ms=dense_ms,
         tiled_dense_ms=tiled_dense_ms,
+        others_cores=others_cores,
         jax_version=versions.get("jax") or "unknown",
         jaxlib_version=versions.get("jaxlib") or "unknown",
         libtpu_version=versions.get("libtpu"),

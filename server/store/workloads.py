@@ -109,6 +109,7 @@ TUNED_COLUMNS = (
     TunedConfig.p90_ms,
     TunedConfig.dense_ms,
     TunedConfig.tiled_dense_ms,
+    TunedConfig.others_cores,
     TunedConfig.jax_version,
     TunedConfig.jaxlib_version,
     TunedConfig.libtpu_version,

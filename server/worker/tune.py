@@ -143,6 +143,7 @@ def publish_winner(
         p90_ms=stats.p90_ms,
         dense_ms=result.dense_ms,
         tiled_dense_ms=result.anchor_ms("tiled_dense"),
+        others_cores=result.others_cores,
         versions=versions,
         trial=trial,
     )

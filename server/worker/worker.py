@@ -385,6 +385,8 @@ class Worker:
                 trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
             )
         pick_winner(everyone, measurer, self.options.search, SearchSpace(workload, workload.backend))
+        if self.options.backend == "replay":
+            everyone.others_cores = None  # a replay answers from its table: the machine's load did not touch it
         if everyone.best is None or everyone.best_median_ms is None:
             with self.db.transaction() as session:
                 queue.finish_job(session, job_id, self.name, "failed", "no config measured ok")
@@ -397,8 +399,7 @@ class Worker:
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
              "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
              "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id,
-             # a replay answers from its table: the machine's load did not touch those figures
-             "others_cores": None if self.options.backend == "replay" else everyone.others_cores},
+             "others_cores": everyone.others_cores},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 

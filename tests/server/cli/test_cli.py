@@ -40,7 +40,15 @@ def seed(url: str) -> str:
         trial = records.record_trial(session, row, CONFIG, "ok", number=0, median_ms=3.0, compile_ms=50.0)
         records.record_trial(session, row, CONFIG, "crashed", number=1, error="child killed by SIGKILL")
         records.publish_tuned_config(
-            session, row, CONFIG, median_ms=3.0, dense_ms=30.0, tiled_dense_ms=12.0, versions=VERSIONS, trial=trial
+            session,
+            row,
+            CONFIG,
+            median_ms=3.0,
+            dense_ms=30.0,
+            tiled_dense_ms=12.0,
+            others_cores=0.75,
+            versions=VERSIONS,
+            trial=trial,
         )
     db.dispose()
     return wl.key
@@ -55,10 +63,13 @@ def test_serve_and_query_over_http(served: tuple[str, str]) -> None:
     assert data["workload_key"] == key and data["source"] in ("tuned", "stale") and data["config"] == CONFIG
     timing = data["timing"]
     assert (timing["speedup"], timing["tiled_dense_ms"], timing["speedup_vs_tiled_dense"]) == (10.0, 12.0, 4.0)
+    assert timing["others_cores"] == 0.75  # the load the anchors were timed under travels with them
     human = runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--server", base])
     assert "10.00x over jax.nn.dot_product_attention and 4.00x over tiled dense" in " ".join(human.stdout.split())
     listing = runner.invoke(cli, ["configs", "--server", base])
     assert key in listing.stdout
+    items = json.loads(runner.invoke(cli, ["configs", "--server", base, "--json"]).stdout)["items"]
+    assert [i["timing"]["others_cores"] for i in items if i["workload_key"] == key] == [0.75]
     history = runner.invoke(cli, ["history", key, "--server", base, "--json"])
     assert [t["status"] for t in json.loads(history.stdout)["items"]] == ["crashed", "ok"]
     missing = runner.invoke(cli, ["history", "0" * 32, "--server", base])

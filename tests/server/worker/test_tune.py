@@ -71,6 +71,8 @@ def test_crash_hang_and_wrong_are_recorded_and_the_study_completes(tmp_path: Any
         tuned = records.current_config(session, row.id)
         assert tuned is not None and tuned.id == outcome.tuned_config_id
         assert tuned.config == best.config.to_dict() and tuned.dense_ms and tuned.median_ms > 0
+        # How busy the machine was while the winner was timed is stored beside its anchors.
+        assert outcome.result.others_cores is not None and tuned.others_cores == outcome.result.others_cores
         result = workloads.lookup(session, WORKLOAD, outcome.versions)
         assert result.source == "tuned" and result.config == best.config.to_dict()
     db.dispose()
