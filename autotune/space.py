@@ -84,6 +84,24 @@ class ParamCoding:
         self.space = space
         self.dims = {k: tuple(sorted(v)) if k in self.ORDINAL else tuple(v) for k, v in space.dimensions().items()}
 
+    @functools.cached_property
+    def varying(self) -> tuple[str, ...]:
+        """The dimensions with more than one choice: their values identify a config."""
+        return tuple(n for n, choices in self.dims.items() if len(choices) > 1)
+
+    def key(self, params: dict[str, Any]) -> tuple[Any, ...]:
+        """The identity of ``params`` (the coding is one-to-one with configs)."""
+        return tuple(params[n] for n in self.varying)
+
+    def trial_params(self, trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+        """The params a trial stands for, as the samplers see them: an enqueued (WAITING) trial's fixed
+        params, others' sampled ones, with the single-choice dimensions filled in (enqueued params may leave
+        them out); None while they do not cover every dimension (a trial still being sampled, another space)."""
+        state = optuna.trial.TrialState.WAITING
+        given = trial.system_attrs.get("fixed_params", {}) if trial.state == state else trial.params
+        params = {**{n: c[0] for n, c in self.dims.items() if len(c) == 1}, **given}
+        return params if all(n in params for n in self.varying) else None
+
     def is_ordinal(self, name: str) -> bool:
         return name in self.ORDINAL and len(self.dims[name]) > 1
 

@@ -67,8 +67,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         self._period = max(1, period)
         self._beam = max(1, beam)
         self._penalty = penalty  # objective values at or above it are infeasible points
-        self._varying = [n for n, choices in self._coding.dims.items() if len(choices) > 1]
-        self._singles = {n: c[0] for n, c in self._coding.dims.items() if len(c) == 1}  # categorical in the coding
+        self._varying = self._coding.varying
         self._valid: dict[Key, bool] = {}
 
     # ------------------------------------------------------------ delegation to the base sampler
@@ -118,11 +117,10 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             if t.number == trial.number:
                 continue
             centre = t.system_attrs.get(CENTRE_ATTR, centre)
-            params = t.system_attrs.get("fixed_params", {}) if t.state == TrialState.WAITING else t.params
-            params = {**self._singles, **params}
-            if any(n not in params for n in self._varying):
+            params = self._coding.trial_params(t)
+            if params is None:
                 continue  # not a trial of this space (or one still being sampled)
-            key = self._key(params)
+            key = self._coding.key(params)
             taken.add(key)
             value = t.value if t.state == TrialState.COMPLETE else None
             if value is None or value >= self._penalty or any(c > 0 for c in t.constraints.values()):
@@ -136,7 +134,7 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         ranked = [p for _, _, p in sorted(scored.values(), key=lambda s: (s[0], s[1]))[: self._beam]]
         rng = np.random.default_rng([self._seed, trial.number])
         for params in [centre, *ranked] if centre is not None else ranked:
-            free = [p for p in self._neighbours(params) if self._key(p) not in taken and self._is_valid(p)]
+            free = [p for p in self._neighbours(params) if self._coding.key(p) not in taken and self._is_valid(p)]
             if free:
                 pick = free[int(rng.integers(len(free)))]
                 return {n: pick[n] for n in search_space}, params
@@ -156,13 +154,8 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
             out += [{**params, name: v} for v in values]
         return out
 
-    def _key(self, params: dict[str, Any]) -> Key:
-        """The coding is one-to-one with configs, so the values of the dimensions with a
-        choice identify a config (enqueued params may leave out the single-valued ones)."""
-        return tuple(params[n] for n in self._varying)
-
     def _is_valid(self, params: dict[str, Any]) -> bool:
-        key = self._key(params)
+        key = self._coding.key(params)
         if key not in self._valid:
             config = self._coding.try_decode(params)
             self._valid[key] = config is not None and self._space.violation(config) is None

@@ -58,8 +58,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         self._noise = noise
         self._penalty = penalty  # objective values at or above it are infeasible points
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
-        self._varying = [n for n, choices in self._coding.dims.items() if len(choices) > 1]
-        self._singles = {n: c[0] for n, c in self._coding.dims.items() if len(c) == 1}
+        self._varying = self._coding.varying
         self._grid: tuple[list[dict[str, Any]], np.ndarray, dict[tuple[Any, ...], int]] | None = None
 
     def _valid_grid(self) -> tuple[list[dict[str, Any]], np.ndarray, dict[tuple[Any, ...], int]]:
@@ -69,7 +68,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
             params = [p for p in map(self._coding.encode, configs) if p is not None]
             kept = [c for c in configs if self._coding.encode(c) is not None]
             x = features(self._space, kept) if kept else np.zeros((0, 1))
-            self._grid = (params, x, {self._key(p): i for i, p in enumerate(params)})
+            self._grid = (params, x, {self._coding.key(p): i for i, p in enumerate(params)})
         return self._grid
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -97,11 +96,10 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         for t in study._get_trials(deepcopy=False, use_cache=True):
             if t.number == trial.number:
                 continue
-            p = t.system_attrs.get("fixed_params", {}) if t.state == TrialState.WAITING else t.params
-            p = {**self._singles, **p}
-            if any(n not in p for n in self._varying):
+            p = self._coding.trial_params(t)
+            if p is None:
                 continue
-            i = row.get(self._key(p))
+            i = row.get(self._coding.key(p))
             if i is None:
                 continue  # an invalid point: never proposed anyway
             if t.state in (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE):
@@ -122,6 +120,3 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         score = model.predict(x) + self._noise * rng.standard_normal(len(params))
         score[taken] = np.inf
         return dict(params[int(np.argmin(score))])
-
-    def _key(self, params: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(params[n] for n in self._varying)
