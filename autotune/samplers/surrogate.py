@@ -40,6 +40,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR
 from autotune.space import ParamCoding, SearchSpace
 from autotune.surrogate import RIDGE, Ridge, features
 
@@ -96,10 +97,17 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         proposal = self.proposal(study, trial)
-        return {} if proposal is None else {n: proposal[n] for n in search_space}
+        if proposal is None:
+            return {}
+        params, centre = proposal
+        if centre is not None:  # recorded as the local search's are: which trials were local steps, from where
+            study._storage.set_trial_system_attr(trial._trial_id, PROPOSAL_ATTR, "local")
+            study._storage.set_trial_system_attr(trial._trial_id, CENTRE_ATTR, centre)
+        return {n: params[n] for n in search_space}
 
-    def proposal(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
-        """Params of the config to measure as ``trial``, or None when every valid config is taken."""
+    def proposal(self, study: optuna.Study, trial: FrozenTrial) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """(params of the config to measure as ``trial``, the fastest config it neighbours when it is a local
+        step, else None), or None when every valid config is taken."""
         params, x, row = self._valid_grid()
         taken = np.zeros(len(params), dtype=bool)
         measured: dict[int, float] = {}
@@ -129,12 +137,14 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         rng = np.random.default_rng([self._seed, trial.number])
         score = model.predict(x) + self._noise * rng.standard_normal(len(params))
         score[taken] = np.inf
+        centre = None
         if measured and self._local_every and trial.number % self._local_every == 0:
             fastest = params[min(measured, key=lambda i: measured[i])]
             near = np.array([self._one_step(fastest, p) for p in params]) & ~taken
             if near.any():
                 score[~near] = np.inf
-        return dict(params[int(np.argmin(score))])
+                centre = dict(fastest)
+        return dict(params[int(np.argmin(score))]), centre
 
     def _one_step(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
         """Whether ``b`` is ``a`` with one tile size one step up or down, or one categorical switched."""

@@ -12,6 +12,7 @@ import optuna
 
 from autotune.replay import RecordedTable, bundled_table
 from autotune.samplers import PENALTY_MS
+from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR
 from autotune.samplers.surrogate import SurrogateSampler
 from autotune.search import SearchOptions, run_search
 from autotune.space import ParamCoding, SearchSpace
@@ -99,11 +100,11 @@ def test_the_sampler_proposes_valid_configs_never_measured_nor_in_flight_and_the
     first = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, frozen)
     again = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, frozen)
     assert first is not None and first == again
-    assert coding.decode(first).key not in keys
-    study.enqueue_trial(first)  # another worker took it
+    assert coding.decode(first[0]).key not in keys
+    study.enqueue_trial(first[0])  # another worker took it
     study = optuna.load_study(study_name="s", storage=storage)
     second = SurrogateSampler(space, seed=3, penalty=PENALTY_MS).proposal(study, _pending(study))
-    assert second is not None and second != first
+    assert second is not None and second[0] != first[0]
 
 
 def test_without_measurements_the_first_proposal_is_the_family_models_fastest(tmp_path: Any) -> None:
@@ -119,7 +120,7 @@ def test_without_measurements_the_first_proposal_is_the_family_models_fastest(tm
     storage = f"sqlite:///{tmp_path / 's.db'}"
     study = optuna.create_study(storage=storage, study_name="s")
     proposal = SurrogateSampler(space, prior=prior, noise=0.0).proposal(study, _pending(study))
-    assert proposal is not None and ParamCoding(space).decode(proposal) == configs[target]
+    assert proposal is not None and ParamCoding(space).decode(proposal[0]) == configs[target]
 
 
 def test_a_space_with_every_config_taken_leaves_the_proposal_to_the_search(tmp_path: Any) -> None:
@@ -146,3 +147,21 @@ def test_the_family_model_reaches_the_sampler_through_search_options_with_the_wa
         assert warm.trials[1].config == target
         cold = SearchOptions(trials=2, seed=seed, prior=prior, warm_start=False)
         assert target not in [t.config for t in run_search(space, FakeMeasurer(), cold, finalize=False).trials]
+
+
+def test_every_second_trial_is_the_models_pick_among_the_one_step_neighbours_of_the_fastest(tmp_path: Any) -> None:
+    space = SearchSpace(WORKLOAD, "xla")
+    coding = ParamCoding(space)
+    _storage, trials = _study(space, tmp_path, 30, seed=2)
+    local = [t for t in trials if t.system_attrs.get(PROPOSAL_ATTR) == "local"]
+    assert len(local) >= 5 and all(t.number % 2 == 0 for t in local)
+    for t in local:
+        before = [u for u in trials if u.number < t.number and u.state == optuna.trial.TrialState.COMPLETE]
+        fastest = min((u for u in before if u.value is not None and u.value < PENALTY_MS), key=lambda u: u.value)
+        centre = {**coding.trial_params(fastest)}  # type: ignore[dict-item]
+        assert t.system_attrs[CENTRE_ATTR] == centre
+        changed = [n for n in coding.varying if centre[n] != t.params[n]]
+        assert len(changed) == 1, (centre, t.params)
+        n = changed[0]
+        assert not coding.is_ordinal(n) or abs(centre[n] - t.params[n]) == 1
+        assert coding.decode(t.params).key not in {coding.decode(u.params).key for u in before}
