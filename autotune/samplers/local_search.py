@@ -1,4 +1,5 @@
-"""The default search strategy: TPE interleaved with local steps around the warm start and the best configs.
+"""The `tpe` strategy (the default before `surrogate`): TPE interleaved with local steps around the warm start
+and the best configs.
 
 Tile-size landscapes are rough globally (variant, layout and grouping change the
 program) but mostly smooth locally: on every recorded table the best config is
