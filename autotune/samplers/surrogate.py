@@ -75,10 +75,9 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
     def _valid_grid(self) -> tuple[list[dict[str, Any]], np.ndarray, dict[tuple[Any, ...], int]]:
         """Params, features and row index (by key) of every valid config of the space, computed once."""
         if self._grid is None:
-            configs = self._space.enumerate()
-            params = [p for p in map(self._coding.encode, configs) if p is not None]
-            kept = [c for c in configs if self._coding.encode(c) is not None]
-            x = features(self._space, kept) if kept else np.zeros((0, 1))
+            pairs = [(c, p) for c in self._space.enumerate() if (p := self._coding.encode(c)) is not None]
+            params = [p for _, p in pairs]
+            x = features(self._space, [c for c, _ in pairs]) if pairs else np.zeros((0, 1))
             self._grid = (params, x, {self._coding.key(p): i for i, p in enumerate(params)})
         return self._grid
 

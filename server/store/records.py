@@ -43,16 +43,18 @@ def workload_trials(session: Session, workload_id: int) -> Sequence[Trial]:
 
 
 FAMILY_TRIALS = 5000  # newest ok trials of a family a search's prior is fitted on
+FAMILY_WORKLOADS = 16  # ... of at most this many workloads (the prior enumerates each one's space)
 
 
 def family_trials(
-    session: Session, wl: Workload, limit: int = FAMILY_TRIALS
+    session: Session, wl: Workload, limit: int = FAMILY_TRIALS, workloads: int = FAMILY_WORKLOADS
 ) -> list[tuple[Workload, TileConfig, float]]:
     """``(workload, config, median_ms)`` of the newest ``limit`` ok trials of the *other* workloads of
-    ``wl``'s device kind, backend and family: what the family's model (:func:`autotune.surrogate.fit_prior`)
-    learns from. Trials whose workload or params no longer parse (an older kernel version) are left out."""
+    ``wl``'s device kind, backend and family, from the ``workloads`` most recently measured of them: what
+    the family's model (:func:`autotune.surrogate.fit_prior`) learns from. Trials whose workload or params
+    no longer parse (an older kernel version) are left out."""
     rows = session.execute(
-        select(WorkloadRow.spec, Trial.params, Trial.median_ms)
+        select(WorkloadRow.key, WorkloadRow.spec, Trial.params, Trial.median_ms)
         .join(WorkloadRow, WorkloadRow.id == Trial.workload_id)
         .where(
             WorkloadRow.device_kind == wl.device_kind,
@@ -67,14 +69,15 @@ def family_trials(
     ).all()
     out: list[tuple[Workload, TileConfig, float]] = []
     specs: dict[str, Workload | None] = {}
-    for spec, params, median_ms in rows:
-        text = repr(sorted(spec.items()))
-        if text not in specs:
+    for key, spec, params, median_ms in rows:
+        if key not in specs:
+            if len(specs) >= workloads:
+                continue
             try:
-                specs[text] = Workload.from_dict(spec)
+                specs[key] = Workload.from_dict(spec)
             except ValueError:
-                specs[text] = None
-        workload = specs[text]
+                specs[key] = None
+        workload = specs[key]
         try:
             config = TileConfig.from_dict(params)
         except (ValueError, TypeError):

@@ -185,10 +185,8 @@ def test_the_family_model_is_fitted_on_the_ok_trials_of_the_other_workloads_of_t
             assert {wl.key for wl, _, _ in trials} == {sibling.key}
             assert sorted(m for _, _, m in trials) == [1.0 + i for i in range(len(configs))]
             assert family_prior(session, WORKLOAD) is not None
-            assert (
-                records.family_trials(session, WORKLOAD, limit=5)
-                and len(records.family_trials(session, WORKLOAD, limit=5)) == 5
-            )
+            assert len(records.family_trials(session, WORKLOAD, limit=5)) == 5
+            assert records.family_trials(session, WORKLOAD, workloads=0) == []
             assert family_prior(session, stranger) is None  # its family holds no other workload
     finally:
         db.dispose()
