@@ -129,7 +129,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
             return None
         if measured:
             idx = np.array(sorted(measured))
-            y = np.log([measured[i] for i in idx])
+            y = np.log(np.maximum([measured[i] for i in idx], 1e-9))  # a 0 ms answer (a fake measurer) stays finite
             model = Ridge.fit(x[idx], y - y.min(), RIDGE, self._prior)
         else:
             model = self._prior or Ridge(np.zeros(x.shape[1]))
