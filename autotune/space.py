@@ -102,6 +102,20 @@ class ParamCoding:
         params = {**{n: c[0] for n, c in self.dims.items() if len(c) == 1}, **given}
         return params if all(n in params for n in self.varying) else None
 
+    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Params one step from ``params``: one tile size one ordinal step up or down, or one category
+        switched to any other: where the local steps of `tpe` and `surrogate` look."""
+        out = []
+        for name in self.varying:
+            choices = self.dims[name]
+            if self.is_ordinal(name):
+                i = int(params[name])
+                values: list[Any] = [j for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+            else:
+                values = [c for c in choices if c != params[name]]
+            out += [{**params, name: v} for v in values]
+        return out
+
     def is_ordinal(self, name: str) -> bool:
         return name in self.ORDINAL and len(self.dims[name]) > 1
 

@@ -135,25 +135,13 @@ class LocalSearchSampler(optuna.samplers.BaseSampler):
         ranked = [p for _, _, p in sorted(scored.values(), key=lambda s: (s[0], s[1]))[: self._beam]]
         rng = np.random.default_rng([self._seed, trial.number])
         for params in [centre, *ranked] if centre is not None else ranked:
-            free = [p for p in self._neighbours(params) if self._coding.key(p) not in taken and self._is_valid(p)]
+            free = [
+                p for p in self._coding.neighbours(params) if self._coding.key(p) not in taken and self._is_valid(p)
+            ]
             if free:
                 pick = free[int(rng.integers(len(free)))]
                 return {n: pick[n] for n in search_space}, params
         return None
-
-    def _neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """Params with one dimension changed: a tile size by one ordinal step, a category to any other."""
-        out = []
-        for name, choices in self._coding.dims.items():
-            if len(choices) < 2:
-                continue
-            if self._coding.is_ordinal(name):
-                i = int(params[name])
-                values: list[Any] = [j for j in (i - 1, i + 1) if 0 <= j < len(choices)]
-            else:
-                values = [c for c in choices if c != params[name]]
-            out += [{**params, name: v} for v in values]
-        return out
 
     def _is_valid(self, params: dict[str, Any]) -> bool:
         key = self._coding.key(params)

@@ -139,16 +139,11 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         centre = None
         if measured and self._local_every and trial.number % self._local_every == 0:
             fastest = params[min(measured, key=lambda i: measured[i])]
-            near = np.array([self._one_step(fastest, p) for p in params]) & ~taken
+            rows = [row.get(self._coding.key(p)) for p in self._coding.neighbours(fastest)]
+            near = np.zeros(len(params), dtype=bool)
+            near[[i for i in rows if i is not None]] = True  # neighbours outside the valid grid are not rows
+            near &= ~taken
             if near.any():
                 score[~near] = np.inf
                 centre = dict(fastest)
         return dict(params[int(np.argmin(score))]), centre
-
-    def _one_step(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
-        """Whether ``b`` is ``a`` with one tile size one step up or down, or one categorical switched."""
-        steps = 0
-        for name in self._varying:
-            if a[name] != b[name]:
-                steps += abs(int(a[name]) - int(b[name])) if self._coding.is_ordinal(name) else 1
-        return steps == 1
