@@ -48,7 +48,7 @@ def make_sampler(
     """The sampler called ``name`` (one of :data:`SAMPLERS`) for ``space``; ``prior`` (the family's
     model, :func:`autotune.surrogate.fit_prior`) steers ``surrogate`` and is ignored by the others."""
     if name == "surrogate":
-        return SurrogateSampler(space, prior=prior, seed=seed, penalty=PENALTY_MS)
+        return SurrogateSampler(space, prior=prior, seed=seed, startup_trials=startup_trials, penalty=PENALTY_MS)
     if name in ("tpe", "tpe-plain"):
         tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
         return tpe if name == "tpe-plain" else LocalSearchSampler(space, tpe, seed=seed, penalty=PENALTY_MS)
