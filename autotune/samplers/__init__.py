@@ -2,7 +2,8 @@
 
 - ``surrogate`` (default): :class:`~autotune.samplers.surrogate.SurrogateSampler`, the
   config a model of the measured trials (started from the family's model when the
-  database knows one) predicts fastest;
+  database knows one) predicts fastest, with a local step every second trial and
+  TPE's proposal every third;
 - ``tpe``: :class:`~autotune.samplers.local_search.LocalSearchSampler`,
   multivariate TPE interleaved with local steps (one-step neighbours) around the
   warm start and the best configs;

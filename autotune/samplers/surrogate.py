@@ -26,10 +26,10 @@ sooner on all four (README, "Tuning", has the figures, and the tables held out
 from this version).
 
 Two more hedges, for the search without a warm start (the model then starts from
-nothing) and for landscapes the features describe badly (commit after ``0aa405b``,
-chosen on all sixteen tables of that day; the README names the tables held out
-from it): every ``tpe_every``-th trial (from the second on) is TPE's proposal
-(multivariate, as ``tpe-plain``), which learns per dimension what the linear
+nothing) and for landscapes the features describe badly (commit ``4a0514c``,
+chosen on the sixteen tables shipped before it; the README names the four
+recorded after it and held out): every ``tpe_every``-th trial (from the second
+on) is TPE's proposal (multivariate, as ``tpe-plain``), which learns per dimension what the linear
 model has to learn as interactions; and while fewer than ``design`` configs are
 measured and no family's model is known, the proposal is the config farthest
 (in standardised features) from every config taken so far, so the first fit
