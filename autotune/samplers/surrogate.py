@@ -25,17 +25,18 @@ was the fastest. With the local step every second trial it reached a tied config
 sooner on all four (README, "Tuning", has the figures, and the tables held out
 from this version).
 
-Two more hedges, for the search without a warm start (the model then starts from
-nothing) and for landscapes the features describe badly (commit ``4a0514c``,
-chosen on the sixteen tables shipped before it; the README names the four
-recorded after it and held out): every ``tpe_every``-th trial (from the second
-on) is TPE's proposal (multivariate, as ``tpe-plain``), which learns per dimension what the linear
-model has to learn as interactions; and while fewer than ``design`` configs are
-measured and no family's model is known, the proposal is the config farthest
-(in standardised features) from every config taken so far, so the first fit
-sees the space's extremes rather than one random corner. Without a family's
-model the fit's pull towards zero is ``RIDGE_ALONE``, lighter than the pull
-towards a prior: nothing is known that a few trials should not overturn.
+Two more hedges, for a search with no family's model (without the warm start the
+model starts from nothing) and for landscapes the features describe badly
+(commit ``4a0514c``, chosen on the sixteen tables shipped before it; the README
+names the four recorded after it and held out): every ``tpe_every``-th trial
+(from the second on) is TPE's proposal (multivariate, as ``tpe-plain``), which
+learns per dimension what the linear model has to learn as interactions; and
+while fewer than ``design`` configs are measured and no family's model is known,
+the proposal is the config farthest (in standardised features) from every config
+taken so far, so the first fit sees the space's extremes rather than one random
+corner. Without a family's model the fit's pull towards zero is ``RIDGE_ALONE``,
+lighter than the pull towards a prior: nothing is known that a few trials should
+not overturn.
 
 Everything is rebuilt on each ask from ``study.trials`` (measured values, and
 configs WAITING or RUNNING in other workers), so workers sharing one study
