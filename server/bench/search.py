@@ -31,7 +31,7 @@ import math
 import random
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,12 +255,40 @@ def _peer_sequence(table: RecordedTable, strategy: str, seed: int, budget: int) 
         path.write_text(json.dumps(document))
         random.seed(seed)
         np.random.seed(seed)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _seeded_latin_hypercube(seed):
             warnings.simplefilter("ignore")
             results, _env = kernel_tuner.tune_cache(
                 str(path), strategy=strategy, strategy_options={"max_fevals": budget}, quiet=True, verbose=False
             )
     return [by_values.get(tuple(r[n] for n in names)) for r in results]
+
+
+@contextlib.contextmanager
+def _seeded_latin_hypercube(seed: int) -> Iterator[None]:
+    """Kernel Tuner draws its Latin hypercube samples (``diff_evo``'s and ``bayes_opt``'s first population)
+    from scipy's ``LatinHypercube`` without a seed, i.e. from fresh OS entropy, so seeding ``random`` and
+    ``numpy`` does not fix them and a peer's run could not be repeated. Inside this block every
+    ``LatinHypercube`` made without an ``rng`` draws from one generator seeded with ``seed``."""
+    import kernel_tuner.strategies.bayes_opt as bayes_opt
+    import scipy.stats.qmc as qmc
+
+    original = qmc.LatinHypercube
+    rng = np.random.default_rng(seed)
+
+    class Seeded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, d: int, **kwargs: Any) -> None:
+            if kwargs.get("rng") is None and kwargs.get("seed") is None:
+                kwargs.pop("seed", None)
+                kwargs["rng"] = rng
+            super().__init__(d, **kwargs)
+
+    qmc.LatinHypercube = Seeded
+    bayes_opt.LatinHypercube = Seeded
+    try:
+        yield
+    finally:
+        qmc.LatinHypercube = original
+        bayes_opt.LatinHypercube = original
 
 
 def _start(row: dict[str, Any]) -> str:

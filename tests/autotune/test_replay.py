@@ -132,6 +132,17 @@ def test_kernel_tuner_peers_replay_the_same_table() -> None:
     assert len(scores.trials_to_tied) == 2 and all(len(v) == 2 for v in scores.regret.values())
 
 
+@pytest.mark.parametrize("peer", ["kt:diff_evo", "kt:bayes_opt"])
+def test_peers_that_start_from_a_latin_hypercube_repeat_with_their_seed(peer: str) -> None:
+    # Kernel Tuner draws these strategies' first samples from an unseeded scipy LatinHypercube: without
+    # the bench seeding it, the same seed gave a different sequence on each run.
+    pytest.importorskip("kernel_tuner", reason="the peers extra (Kernel Tuner) is not installed")
+    table = RecordedTable.load(TABLES_DIR / "dense-mixed-bf16.xla.json")
+    runs = [measured_sequence(table, peer, seed=s, budget=12, warm_start=False) for s in (0, 0, 0, 1)]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[3] != runs[0]
+
+
 def test_unknown_strategies_are_named() -> None:
     with pytest.raises(ValueError, match="kt:fastest"):
         strategies(["tpe", "kt:fastest"])
