@@ -25,18 +25,15 @@ was the fastest. With the local step every second trial it reached a tied config
 sooner on all four (README, "Tuning", has the figures, and the tables held out
 from this version).
 
-Two more hedges, for a search with no family's model (without the warm start the
-model starts from nothing) and for landscapes the features describe badly
-(commit ``4a0514c``, chosen on the sixteen tables shipped before it; the README
-names the four recorded after it and held out): every ``tpe_every``-th trial
-(from the second on) is TPE's proposal (multivariate, as ``tpe-plain``), which
-learns per dimension what the linear model has to learn as interactions; and
-while fewer than ``design`` configs are measured and no family's model is known,
-the proposal is the config farthest (in standardised features) from every config
-taken so far, so the first fit sees the space's extremes rather than one random
-corner. Without a family's model the fit's pull towards zero is ``RIDGE_ALONE``,
-lighter than the pull towards a prior: nothing is known that a few trials should
-not overturn.
+Two hedges for a search with no family's model and for landscapes the features
+describe badly: without a family's model the fit starts from
+:func:`autotune.surrogate.structural_prior` (work done and grid steps; before it,
+commit ``4a0514c`` started from nothing and spread its first three configs over
+the space's extremes, the slowest tiles), and every ``tpe_every``-th trial (from
+the second on) is TPE's proposal (multivariate, as ``tpe-plain``), which learns
+per dimension what the linear model has to learn as interactions. The README
+names the tables each version was chosen on and the ones recorded after it and
+held out.
 
 Everything is rebuilt on each ask from ``study.trials`` (measured values, and
 configs WAITING or RUNNING in other workers), so workers sharing one study
@@ -55,17 +52,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR
 from autotune.space import ParamCoding, SearchSpace
-from autotune.surrogate import RIDGE, Ridge, features
+from autotune.surrogate import RIDGE, Ridge, features, structural_prior
 
 NOISE = 0.1  # sd of the perturbation of each log-time prediction
 LOCAL_EVERY = 2  # every second trial: the best neighbour of the fastest config so far (0: never)
 TPE_EVERY = 3  # trials 1, 4, 7, ...: TPE's proposal, once it has its startup trials (0: never)
-DESIGN = 3  # without a family's model, the first configs measured are spread over the features
-RIDGE_ALONE = 1.0  # pull of the weights towards zero when no family's model is known
 
 
 class SurrogateSampler(optuna.samplers.BaseSampler):
-    """The model-driven proposals described in the module docstring; ``prior`` is the family's model."""
+    """The model-driven proposals described in the module docstring; ``prior`` is the family's model
+    (None: the structural prior)."""
 
     def __init__(
         self,
@@ -76,7 +72,6 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         noise: float = NOISE,
         local_every: int = LOCAL_EVERY,
         tpe_every: int = TPE_EVERY,
-        design: int = DESIGN,
         startup_trials: int = 8,
         penalty: float = float("inf"),
     ) -> None:
@@ -87,7 +82,6 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         self._noise = noise
         self._local_every = local_every
         self._tpe_every = tpe_every
-        self._design = design
         self._tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials)
         self._penalty = penalty  # objective values at or above it are infeasible points
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
@@ -173,15 +167,13 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         if taken.all():
             return None
         rng = np.random.default_rng([self._seed, trial.number])
-        if len(measured) < self._design and self._prior is None:
-            return dict(params[self._spread(x, taken, rng)]), None
+        prior = self._prior or structural_prior(x.shape[1])
         if measured:
             idx = np.array(sorted(measured))
             y = np.log(np.maximum([measured[i] for i in idx], 1e-9))  # a 0 ms answer (a fake measurer) stays finite
-            ridge = RIDGE if self._prior is not None else RIDGE_ALONE
-            model = Ridge.fit(x[idx], y - y.min(), ridge, self._prior)
+            model = Ridge.fit(x[idx], y - y.min(), RIDGE, prior)
         else:
-            model = self._prior or Ridge(np.zeros(x.shape[1]))
+            model = prior
         score = model.predict(x) + self._noise * rng.standard_normal(len(params))
         score[taken] = np.inf
         centre = None
@@ -195,19 +187,3 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
                 score[~near] = np.inf
                 centre = dict(fastest)
         return dict(params[int(np.argmin(score))]), centre
-
-    @staticmethod
-    def _spread(x: np.ndarray, taken: np.ndarray, rng: np.random.Generator) -> int:
-        """Row of the untaken config farthest from every taken one in standardised features (a random one when
-        nothing is taken): the next point of a space-filling start."""
-        free = np.flatnonzero(~taken)
-        done = np.flatnonzero(taken)
-        if len(done) == 0:
-            return int(rng.choice(free))
-        z = x[:, 1:]
-        sd = z.std(axis=0)
-        z = (z - z.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
-        nearest = ((z[:, None, :] - z[None, done, :]) ** 2).sum(axis=-1).min(axis=1)
-        nearest = nearest + 1e-6 * rng.random(len(nearest))  # seeded tie-break among equally far configs
-        nearest[taken] = -1.0
-        return int(np.argmax(nearest))

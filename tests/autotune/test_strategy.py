@@ -89,11 +89,13 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
 
 
 # Tables on which the default misses the target (regret@20 at most 3%), median of seeds 0-4,
-# measured at the freeze of the current default (4a0514c; the README names the held-out tables).
-# temporal-sink-bf16 spreads 6% (p10-p90) per config: a real miss, its 20-trial answer is 3.8% off.
-# Strict: the day the strategy meets the target on it, the test says so and the entry goes (the
-# 4a0514c default did so on prefix-mixed-bf16, 1.079 under cc9c74a).
+# measured at the freeze of the current default (the structural prior; the README names the held-out
+# tables). temporal-sink-bf16 spreads 6% (p10-p90) per config: a real miss, its 20-trial answer is 3.8%
+# off. dense-temporal: three of seeds 0-4 (six of 0-19) are still in a basin 16-18% off at 20 trials
+# and leave it by trial 34; the median of 20 seeds is 1.000. Strict: the day the strategy meets the
+# target on one, the test says so and the entry goes.
 NOT_MET = {
+    "dense-temporal": 1.160,
     "temporal-sink-bf16": 1.038,
 }
 
