@@ -112,10 +112,12 @@ def structural_prior(width: int) -> Ridge:
     visited tiles cover (the work done, wasted work of masked and padded elements included) and, at a
     quarter of that weight, with the log of its grid steps over the fewest (each step's fixed cost).
 
-    It holds for any tile kernel on any backend, so it carries no knowledge of a device, only where to look
-    first; the fit on measured trials is pulled towards it as towards a family's model. The weights were
-    chosen on the twenty tables shipped before it (0.15 and 0.25 about equal, 0.4 and
-    0 worse); the README names the tables recorded after it and held out."""
+    Both terms hold for any tile kernel on any backend and name no device, only where to look first; the fit
+    on measured trials is pulled towards it as towards a family's model. Their weights are another matter:
+    chosen on the twenty CPU tables shipped before it (0.15 and 0.25 on the steps about equal, 0.4 and 0
+    worse; the README names the tables recorded after it and held out). On a TPU a grid step's fixed cost
+    weighs more against a tile's work than on a CPU; a family's model, once the database has one, replaces
+    this prior with measured weights."""
     weights = np.zeros(width)
     weights[_WORK_COLUMN] = STRUCTURAL_WORK
     weights[_STEPS_COLUMN] = STRUCTURAL_STEPS
