@@ -124,6 +124,17 @@ def structural_prior(width: int) -> Ridge:
     return Ridge(weights)
 
 
+def step_halves(x: np.ndarray) -> np.ndarray:
+    """For the rows of :func:`features` of a space's valid configs: 1 for a config with at least the median
+    grid steps of the space over the fewest (the fine half: small tiles), 0 for the others (the coarse half).
+
+    The structural prior predicts that fewer steps are never slower, which holds until a tile outgrows the
+    device's fast memory; where that happens is the device's, so the search measures one config of each half
+    before it trusts the prior's direction (:class:`autotune.samplers.surrogate.SurrogateSampler`)."""
+    steps = x[:, _STEPS_COLUMN]
+    return (steps >= np.median(steps)).astype(int) if len(steps) else np.zeros(0, dtype=int)
+
+
 def fit_prior(trials: Iterable[tuple[Workload, TileConfig, float]], backend: str) -> Ridge | None:
     """The family's model: a ridge fitted on ``(workload, config, median_ms)`` of ok trials of other
     workloads of one family, each workload's times over its own fastest. None when there are fewer than

@@ -25,15 +25,20 @@ was the fastest. With the local step every second trial it reached a tied config
 sooner on all four (README, "Tuning", has the figures, and the tables held out
 from this version).
 
-Two hedges for a search with no family's model and for landscapes the features
+Three hedges for a search with no family's model and for landscapes the features
 describe badly: without a family's model the fit starts from
 :func:`autotune.surrogate.structural_prior` (work done and grid steps; before it,
 commit ``4a0514c`` started from nothing and spread its first three configs over
-the space's extremes, the slowest tiles), and every ``tpe_every``-th trial (from
-the second on) is TPE's proposal (multivariate, as ``tpe-plain``), which learns
-per dimension what the linear model has to learn as interactions. The README
-names the tables each version was chosen on and the ones recorded after it and
-held out.
+the space's extremes, the slowest tiles); until a config of each half of the
+space's grid steps is taken (:func:`autotune.surrogate.step_halves`, a warm
+start's config included), the proposal is the model's pick within the coarse
+half, then within the fine one, since the prior's "fewer steps, less time" stops
+holding once a tile outgrows the device's fast memory, and where that is differs
+per device (on the CPU tables the fastest tiles are often the small ones); and
+every ``tpe_every``-th trial (from the second on) is TPE's proposal
+(multivariate, as ``tpe-plain``), which learns per dimension what the linear
+model has to learn as interactions. The README names the tables each version was
+chosen on and the ones recorded after it and held out.
 
 Everything is rebuilt on each ask from ``study.trials`` (measured values, and
 configs WAITING or RUNNING in other workers), so workers sharing one study
@@ -52,7 +57,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR
 from autotune.space import ParamCoding, SearchSpace
-from autotune.surrogate import RIDGE, Ridge, features, structural_prior
+from autotune.surrogate import RIDGE, Ridge, features, step_halves, structural_prior
 
 NOISE = 0.1  # sd of the perturbation of each log-time prediction
 LOCAL_EVERY = 2  # every second trial: the best neighbour of the fastest config so far (0: never)
@@ -61,7 +66,7 @@ TPE_EVERY = 3  # trials 1, 4, 7, ...: TPE's proposal, once it has its startup tr
 
 class SurrogateSampler(optuna.samplers.BaseSampler):
     """The model-driven proposals described in the module docstring; ``prior`` is the family's model
-    (None: the structural prior)."""
+    (None: the structural prior, and with ``halves`` a config of each half of the grid steps first)."""
 
     def __init__(
         self,
@@ -74,6 +79,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         tpe_every: int = TPE_EVERY,
         startup_trials: int = 8,
         penalty: float = float("inf"),
+        halves: bool = True,
     ) -> None:
         self._space = space
         self._coding = ParamCoding(space)
@@ -86,6 +92,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         self._penalty = penalty  # objective values at or above it are infeasible points
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
         self._varying = self._coding.varying
+        self._halves = halves  # without a family's model: one config of each half of the steps first
         self._grid: tuple[list[dict[str, Any]], np.ndarray, dict[tuple[Any, ...], int]] | None = None
 
     def _valid_grid(self) -> tuple[list[dict[str, Any]], np.ndarray, dict[tuple[Any, ...], int]]:
@@ -176,6 +183,12 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
             model = prior
         score = model.predict(x) + self._noise * rng.standard_normal(len(params))
         score[taken] = np.inf
+        if self._prior is None and self._halves:
+            halves = step_halves(x)
+            for half in (0, 1):  # the coarse half first: where the structural prior looks
+                if (halves == half).any() and not (taken & (halves == half)).any():
+                    score[halves != half] = np.inf
+                    return dict(params[int(np.argmin(score))]), None
         centre = None
         if measured and self._local_every and trial.number % self._local_every == 0:
             fastest = params[min(measured, key=lambda i: measured[i])]

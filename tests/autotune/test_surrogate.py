@@ -232,3 +232,45 @@ def test_without_a_warm_start_or_a_family_model_the_first_config_is_the_structur
     )
     assert steered is not None
     assert predicted[row[coding.decode(steered[0]).key]] == predicted.max()
+
+
+def test_without_a_family_model_one_config_of_each_half_of_the_grid_steps_is_measured_first(tmp_path: Any) -> None:
+    """The structural prior only knows that fewer steps cost less: before it is trusted, the coarse half (fewer
+    grid steps than the space's median) and the fine half each get one config, the prior's pick within it,
+    the coarse first; a warm start's config counts for its half. A family's model knows the device: no halves."""
+    space = SearchSpace(WORKLOAD, "xla")
+    coding = ParamCoding(space)
+    configs = space.enumerate()
+    x = features(space, configs)
+    steps = np.array([grid_steps(space.pattern, c, space.backend) for c in configs], dtype=float)
+    fine = {c.key for c, n in zip(configs, steps, strict=True) if n >= np.median(steps)}
+    assert 0 < len(fine) < len(configs)
+    predicted = dict(zip((c.key for c in configs), structural_prior(x.shape[1]).predict(x), strict=True))
+
+    def measured(seed: int, **options: Any) -> list[str]:
+        result = run_search(space, FakeMeasurer(), SearchOptions(trials=2, seed=seed, **options), finalize=False)
+        return [t.config.key for t in result.trials]
+
+    for seed in range(3):
+        coarse_pick, fine_pick = measured(seed, warm_start=False)
+        assert coarse_pick not in fine and fine_pick in fine
+        best_fine = min(predicted[k] for k in fine)
+        assert predicted[fine_pick] < best_fine + 0.5  # the prior's pick within the half, up to the noise
+    heuristic, after = measured(0)
+    assert (heuristic in fine) != (after in fine)  # the warm start's half is covered: the other one next
+    # A family's model (here the structural prior's law itself) is trusted from the start: after the coarse
+    # half's pick, the next is its best among the rest, wherever it lies (on this space: the coarse half).
+    law = structural_prior(x.shape[1])
+    order = sorted(configs, key=lambda c: predicted[c.key])
+    assert order[0].key not in fine and order[1].key not in fine
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    params = coding.encode(order[0])
+    assert params is not None
+    distributions = {n: d for n, d in coding.distributions().items() if n in params}
+    study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=1.0))
+    for prior, expected_fine in ((law, False), (None, True)):
+        proposal = SurrogateSampler(space, prior=prior, seed=0, noise=0.0, penalty=PENALTY_MS).proposal(
+            study, _pending(study)
+        )
+        assert proposal is not None
+        assert (coding.decode(proposal[0]).key in fine) == expected_fine
