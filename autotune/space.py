@@ -102,10 +102,19 @@ class ParamCoding:
         params = {**{n: c[0] for n, c in self.dims.items() if len(c) == 1}, **given}
         return params if all(n in params for n in self.varying) else None
 
-    def neighbours(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def neighbours(self, params: dict[str, Any], diagonal: bool = False) -> list[dict[str, Any]]:
         """Params one step from ``params``: one tile size one ordinal step up or down, or one category
-        switched to any other: where the local steps of `tpe` and `surrogate` look."""
+        switched to any other: where the local steps of `tpe` and `surrogate` look. With ``diagonal``, also
+        ``block_q`` and ``block_kv`` one step in the same direction (the tile's shape kept, its area x4 or
+        /4): a tile's time over those two sizes has valleys along that diagonal which single steps do not
+        cross (temporal-sink-bf16: q128 kv128 1.04x the fastest, q64 kv128 and q128 kv64 1.08x, q64 kv64
+        1.00x), so `surrogate` looks there too."""
         out = []
+        if diagonal and self.is_ordinal("block_q") and self.is_ordinal("block_kv"):
+            q, kv = int(params["block_q"]), int(params["block_kv"])
+            for d in (-1, 1):
+                if 0 <= q + d < len(self.dims["block_q"]) and 0 <= kv + d < len(self.dims["block_kv"]):
+                    out.append({**params, "block_q": q + d, "block_kv": kv + d})
         for name in self.varying:
             choices = self.dims[name]
             if self.is_ordinal(name):

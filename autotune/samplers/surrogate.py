@@ -9,7 +9,10 @@ seeded Gaussian of ``noise`` (on the log scale: about 10%, the size of the
 timing noise, so near-ties are explored rather than always broken the same way)
 and proposes the lowest. Every ``local_every``-th trial (by number) it proposes
 the lowest among the unmeasured one-step neighbours of the fastest config so far
-instead (a tile size one step up or down, or one categorical switched): a linear
+instead (a tile size one step up or down, both tile sizes one step in the same
+direction, or one categorical switched: :meth:`autotune.space.ParamCoding.neighbours`
+with its diagonal, since time over ``block_q`` x ``block_kv`` has valleys along
+it that single steps do not cross): a linear
 model ranks regions well but misjudges single configs where one variant's times
 swing with the tile sizes, and the neighbourhood of the best is where the tied
 configs are. The warm start (the heuristic, the database's configs) is enqueued
@@ -192,7 +195,7 @@ class SurrogateSampler(optuna.samplers.BaseSampler):
         centre = None
         if measured and self._local_every and trial.number % self._local_every == 0:
             fastest = params[min(measured, key=lambda i: measured[i])]
-            rows = [row.get(self._coding.key(p)) for p in self._coding.neighbours(fastest)]
+            rows = [row.get(self._coding.key(p)) for p in self._coding.neighbours(fastest, diagonal=True)]
             near = np.zeros(len(params), dtype=bool)
             near[[i for i in rows if i is not None]] = True  # neighbours outside the valid grid are not rows
             near &= ~taken

@@ -151,6 +151,7 @@ def test_the_family_model_reaches_the_sampler_through_search_options_with_the_wa
 
 
 def test_every_second_trial_is_the_models_pick_among_the_one_step_neighbours_of_the_fastest(tmp_path: Any) -> None:
+    """One dimension one step away, or both tile sizes one step in the same direction (the diagonal)."""
     space = SearchSpace(WORKLOAD, "xla")
     coding = ParamCoding(space)
     _storage, trials = _study(space, tmp_path, 30, seed=2)
@@ -162,10 +163,52 @@ def test_every_second_trial_is_the_models_pick_among_the_one_step_neighbours_of_
         centre = {**coding.trial_params(fastest)}  # type: ignore[dict-item]
         assert t.system_attrs[CENTRE_ATTR] == centre
         changed = [n for n in coding.varying if centre[n] != t.params[n]]
+        if changed == ["block_q", "block_kv"]:
+            assert t.params["block_q"] - centre["block_q"] == t.params["block_kv"] - centre["block_kv"] in (-1, 1)
+            continue
         assert len(changed) == 1, (centre, t.params)
         n = changed[0]
         assert not coding.is_ordinal(n) or abs(centre[n] - t.params[n]) == 1
         assert coding.decode(t.params).key not in {coding.decode(u.params).key for u in before}
+
+
+def test_when_every_single_step_from_the_fastest_is_measured_the_local_step_takes_the_tile_diagonal(
+    tmp_path: Any,
+) -> None:
+    """The diagonal (block_q and block_kv one step down, or both up) is a neighbour of the local step: with the
+    fastest config's single-step neighbours all measured slower, the local step still stays next to it."""
+    space = SearchSpace(WORKLOAD, "xla")
+    coding = ParamCoding(space)
+    grid = {coding.key(p): p for c in space.enumerate() if (p := coding.encode(c)) is not None}
+
+    def diagonals(p: dict[str, Any]) -> list[dict[str, Any]]:
+        return [q for q in coding.neighbours(p, diagonal=True) if q not in coding.neighbours(p)]
+
+    centre = next(p for p in grid.values() if len([d for d in diagonals(p) if coding.key(d) in grid]) == 2)
+    q, kv = centre["block_q"], centre["block_kv"]
+    assert diagonals(centre) == [
+        {**centre, "block_q": q - 1, "block_kv": kv - 1},
+        {**centre, "block_q": q + 1, "block_kv": kv + 1},
+    ]
+    edge = next(p for p in grid.values() if p["block_q"] == 0 and p["block_kv"] > 0)
+    assert diagonals(edge) == [{**edge, "block_q": 1, "block_kv": edge["block_kv"] + 1}]  # none below the grid
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    distributions = coding.distributions()
+    slower = [p for p in coding.neighbours(centre) if coding.key(p) in grid]
+    for params, value in [(centre, 1.0), *((p, 2.0) for p in slower)]:
+        full = {n: params[n] for n in distributions}
+        study.add_trial(optuna.trial.create_trial(params=full, distributions=distributions, value=value))
+    if len(study.trials) % 2:  # the local step is an even-numbered trial's
+        far = next(p for k, p in grid.items() if p not in (centre, *slower, *diagonals(centre)))
+        study.add_trial(
+            optuna.trial.create_trial(params={n: far[n] for n in distributions}, distributions=distributions, value=3.0)
+        )
+    proposal = SurrogateSampler(space, seed=0, penalty=PENALTY_MS, halves=False).proposal(study, _pending(study))
+    assert proposal is not None
+    params, from_centre = proposal
+    assert from_centre == centre
+    assert params in diagonals(centre)
 
 
 def test_every_third_trial_from_the_second_is_tpes_once_it_has_its_startup_trials(tmp_path: Any) -> None:
