@@ -275,6 +275,13 @@ def bench_search_cmd(
             "a 40-trial tune of each, steers the default (surrogate)",
         ),
     ] = False,
+    peer_order: Annotated[
+        str,
+        typer.Option(
+            help="listed | reversed | shuffled: how Kernel Tuner sees each parameter's values listed (ascending, "
+            "each list reversed, each drawn from the seed); its strategies' figures can depend on it",
+        ),
+    ] = "listed",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     tables: Annotated[
         list[Path] | None,
@@ -283,7 +290,7 @@ def bench_search_cmd(
 ) -> None:
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
-    from server.bench.search import family_prior, neighbour_bests, print_search_report, strategies
+    from server.bench.search import PEER_ORDERS, family_prior, neighbour_bests, print_search_report, strategies
     from server.bench.search import replay as replay_table
     from server.worker.tune import local_workload
 
@@ -319,6 +326,8 @@ def bench_search_cmd(
         return
     if warm_start not in ("on", "off", "both"):
         raise typer.BadParameter("--warm-start must be on, off or both")
+    if peer_order not in PEER_ORDERS:
+        raise typer.BadParameter(f"--peer-order must be one of {', '.join(PEER_ORDERS)}, got {peer_order!r}")
     try:
         names = strategies([s.strip() for s in sampler.split(",") if s.strip()])
     except ValueError as exc:
@@ -333,7 +342,15 @@ def bench_search_cmd(
             for start in starts:
                 err.print(f"replaying {path.name} with {name}, warm start {'on' if start else 'off'} ({seeds} seeds)")
                 scores = replay_table(
-                    table, path.name, name, seeds, budget, warm_start=start, neighbours=seeds_of, prior=prior
+                    table,
+                    path.name,
+                    name,
+                    seeds,
+                    budget,
+                    warm_start=start,
+                    neighbours=seeds_of,
+                    prior=prior,
+                    peer_order=peer_order,
                 )
                 rows.append(scores.summary())
     if as_json:

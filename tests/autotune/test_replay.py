@@ -22,6 +22,7 @@ from kernel.reference import TOLERANCE
 from kernel.workload import Workload
 from server.bench.search import (
     BUDGETS,
+    PEER_ORDERS,
     heuristic_key,
     measured_sequence,
     neighbour_bests,
@@ -141,6 +142,34 @@ def test_peers_that_start_from_a_latin_hypercube_repeat_with_their_seed(peer: st
     runs = [measured_sequence(table, peer, seed=s, budget=12, warm_start=False) for s in (0, 0, 0, 1)]
     assert runs[0] == runs[1] == runs[2]
     assert runs[3] != runs[0]
+
+
+def test_a_peer_can_see_the_values_of_each_parameter_listed_in_another_order() -> None:
+    """Kernel Tuner numbers a space's configs by how each parameter's values are listed, and diff_evo measures
+    its first population in the order of those numbers: the same seed on the same table measures other
+    configs when the lists are reversed or shuffled, each a repeatable, valid sequence of the table's configs."""
+    pytest.importorskip("kernel_tuner", reason="the peers extra (Kernel Tuner) is not installed")
+    table = RecordedTable.load(TABLES_DIR / "dense-band-f32.xla.json")
+    runs = {
+        order: [
+            measured_sequence(table, "kt:diff_evo", seed=s, budget=6, warm_start=False, peer_order=order)
+            for s in (0, 1)
+        ]
+        for order in PEER_ORDERS
+    }
+    for order, (first, second) in runs.items():
+        for run in (first, second):
+            assert len(run) == len(set(run)) == 6 and set(run) <= set(table.entries), order
+        assert second != first, order
+        again = measured_sequence(table, "kt:diff_evo", seed=0, budget=6, warm_start=False, peer_order=order)
+        assert again == first, order
+    assert runs["reversed"] != runs["listed"] and runs["shuffled"] != runs["listed"]
+    assert runs["shuffled"] != runs["reversed"]
+    scores = replay(table, "t", "kt:random_sample", seeds=1, budget=5, warm_start=False, peer_order="reversed")
+    assert scores.summary()["peer_order"] == "reversed"
+    assert replay(table, "t", "random", seeds=1, budget=5, peer_order="reversed").summary()["peer_order"] is None
+    with pytest.raises(ValueError, match="peer order"):
+        replay(table, "t", "kt:random_sample", seeds=1, budget=5, peer_order="sideways")
 
 
 def test_unknown_strategies_are_named() -> None:

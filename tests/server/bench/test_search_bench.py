@@ -54,3 +54,5 @@ def test_bad_options_are_named() -> None:
     assert result.exit_code == 2 and "--warm-start" in result.output
     result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--sampler", "fastest"])
     assert result.exit_code == 2 and "fastest" in result.output
+    result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--peer-order", "sideways"])
+    assert result.exit_code == 2 and "--peer-order" in result.output and "sideways" in result.output
