@@ -227,8 +227,6 @@ def replay(
     """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
     (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start, and ``prior``
     (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`)."""
-    if peer_order not in PEER_ORDERS:
-        raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {peer_order!r}")
     budget = min(budget or max(BUDGETS), len(table.entries))
     tied = table.tied_with_best()
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
@@ -259,6 +257,8 @@ def _peer_sequence(
     elif order == "shuffled":
         draw = np.random.default_rng([seed, len(table.entries)])
         dims = {n: tuple(v[i] for i in draw.permutation(len(v))) for n, v in dims.items()}
+    elif order != "listed":
+        raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {order!r}")
     names = list(dims)
     by_values: dict[tuple[Any, ...], str] = {}
     cache: dict[str, dict[str, Any]] = {}

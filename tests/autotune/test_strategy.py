@@ -93,7 +93,7 @@ def test_default_strategy_regret_at_20_trials_is_at_most_3pct_on_every_table(pat
     """The issue's target on every committed table, held-out ones included: after 20 measured
     trials the best config found has a recorded median at most 3% over the table's fastest, for
     the median of seeds 0-4 (the replay backend is deterministic). At the freeze of the current default
-    (fd5cfff) dense-temporal is the closest, at 1.0295 (seeds 1 and 2 sit in a basin 17.5% off)."""
+    (84e901f) dense-temporal is the closest, at 1.0295 (seeds 1 and 2 sit in a basin 17-17.5% off)."""
     table = RecordedTable.load(path)
     fastest = table.best[1].median_ms
     assert fastest is not None
