@@ -45,7 +45,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -155,9 +155,22 @@ class Scores:
     neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
     prior: bool = False  # whether the family's model steered the strategy
     peer_order: str | None = None  # a peer's listing of each parameter's values (PEER_ORDERS); None: not a peer
+    error: str | None = None  # why a peer failed on this table (its figures are then absent), None: it ran
 
     def summary(self) -> dict[str, Any]:
         reached = [t for t in self.trials_to_tied if math.isfinite(t)]
+        if self.error is not None:
+            return {
+                "table": self.table,
+                "strategy": self.strategy,
+                "warm_start": self.warm_start,
+                "neighbours": self.neighbours,
+                "family_model": self.prior,
+                "peer_order": self.peer_order,
+                "table_size": self.size,
+                "tied_set": self.tied,
+                "error": self.error,
+            }
         return {
             "table": self.table,
             "strategy": self.strategy,
@@ -227,6 +240,7 @@ def replay(
     """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
     (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start, and ``prior``
     (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`)."""
+    check_peer_order(peer_order)  # a bad argument is the caller's error, not a peer's failure on this table
     budget = min(budget or max(BUDGETS), len(table.entries))
     tied = table.tied_with_best()
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
@@ -234,12 +248,26 @@ def replay(
     scores.prior = warm_start and prior is not None and strategy == "surrogate"
     scores.peer_order = peer_order if strategy.startswith(PEER_PREFIX) else None
     for seed in range(seeds):
-        sequence = measured_sequence(table, strategy, seed, budget, warm_start, neighbours, prior, peer_order)
+        try:
+            sequence = measured_sequence(table, strategy, seed, budget, warm_start, neighbours, prior, peer_order)
+        except Exception as exc:  # a peer's own bug on one table must not end a long comparison; ours must
+            if not strategy.startswith(PEER_PREFIX):
+                raise
+            scores.error = f"seed {seed}: {type(exc).__name__}: {exc}"
+            scores.trials_to_tied.clear()
+            scores.regret = {b: [] for b in BUDGETS}
+            break
         hit, regret = score(table, sequence, tied)
         scores.trials_to_tied.append(hit)
         for b, r in regret.items():
             scores.regret[b].append(r)
     return scores
+
+
+def check_peer_order(order: str) -> None:
+    """ValueError naming the peer orders when ``order`` is not one of :data:`PEER_ORDERS`."""
+    if order not in PEER_ORDERS:
+        raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {order!r}")
 
 
 def _peer_sequence(
@@ -257,8 +285,8 @@ def _peer_sequence(
     elif order == "shuffled":
         draw = np.random.default_rng([seed, len(table.entries)])
         dims = {n: tuple(v[i] for i in draw.permutation(len(v))) for n, v in dims.items()}
-    elif order != "listed":
-        raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {order!r}")
+    else:
+        check_peer_order(order)
     names = list(dims)
     by_values: dict[tuple[Any, ...], str] = {}
     cache: dict[str, dict[str, Any]] = {}
@@ -286,7 +314,12 @@ def _peer_sequence(
         path.write_text(json.dumps(document))
         random.seed(seed)
         np.random.seed(seed)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _seeded_latin_hypercube(seed):
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(io.StringIO()),
+            _seeded_latin_hypercube(seed),
+            _whole_space_latin_hypercube(),
+        ):
             warnings.simplefilter("ignore")
             results, _env = kernel_tuner.tune_cache(
                 str(path), strategy=strategy, strategy_options={"max_fevals": budget}, quiet=True, verbose=False
@@ -322,6 +355,30 @@ def _seeded_latin_hypercube(seed: int) -> Iterator[None]:
         bayes_opt.LatinHypercube = original
 
 
+@contextlib.contextmanager
+def _whole_space_latin_hypercube() -> Iterator[None]:
+    """Kernel Tuner 1.5.0 asks for ``np.shuffle`` (no such function) when a Latin hypercube sample is as large
+    as the whole space, so ``diff_evo`` (population 16 x the tunable parameters) fails on a space of exactly
+    that many configs: spatial-w3-f32 has 80 configs and 5 tunable parameters. Its authors fixed it after that
+    release (KernelTuner/kernel_tuner#400: ``np.random.permutation(size).tolist()``); inside this block that
+    one case is answered as the fix answers it, from ``numpy``'s global generator, which :func:`_peer_sequence`
+    seeds. Every other sample is Kernel Tuner's own."""
+    from kernel_tuner.searchspace import Searchspace
+
+    original = Searchspace.get_LHS_sample_indices
+
+    def get_lhs_sample_indices(self: Any, num_samples: int) -> list[int]:
+        if num_samples == self.size:
+            return [int(i) for i in np.random.permutation(self.size)]
+        return cast(list[int], original(self, num_samples))
+
+    Searchspace.get_LHS_sample_indices = get_lhs_sample_indices
+    try:
+        yield
+    finally:
+        Searchspace.get_LHS_sample_indices = original
+
+
 def _strategy(row: dict[str, Any]) -> str:
     """The strategy cell of a report row: a peer listed in another order than ascending says so."""
     order = row.get("peer_order")
@@ -351,6 +408,10 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
         *[f"regret@{b}" for b in BUDGETS],
     )
     for r in rows:
+        if r.get("error"):
+            cells = [f"failed: {r['error']}", "-", *["-" for _ in BUDGETS]]
+            t.add_row(r["table"], str(r["table_size"]), str(r["tied_set"]), _strategy(r), _start(r), *cells)
+            continue
         trials = r["median_trials_to_tied"]
         t.add_row(
             r["table"],

@@ -352,6 +352,8 @@ def bench_search_cmd(
                     prior=prior,
                     peer_order=peer_order,
                 )
+                if scores.error is not None:
+                    err.print(f"[yellow]{name} failed on {path.name}: {scores.error}[/]")
                 rows.append(scores.summary())
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -172,6 +172,43 @@ def test_a_peer_can_see_the_values_of_each_parameter_listed_in_another_order() -
         replay(table, "t", "kt:random_sample", seeds=1, budget=5, peer_order="sideways")
 
 
+def test_diff_evo_runs_where_its_first_population_is_the_whole_space() -> None:
+    """Kernel Tuner 1.5.0's diff_evo asks for a population of 16 x the tunable parameters and, when that is
+    exactly the space's size, calls ``np.shuffle`` (no such function). spatial-w3-f32 (80 configs, 5 tunable
+    parameters) is such a space; the bench answers that case as Kernel Tuner's later fix does, so diff_evo
+    runs there, repeatably, and measures every config once; the patch is gone after the run."""
+    pytest.importorskip("kernel_tuner", reason="the peers extra (Kernel Tuner) is not installed")
+    from kernel_tuner.searchspace import Searchspace
+
+    original = Searchspace.get_LHS_sample_indices
+    table = RecordedTable.load(TABLES_DIR / "spatial-w3-f32.xla.json")
+    assert len(table.entries) == 16 * sum(len(v) > 1 for v in table.space().dimensions().values())
+    first = measured_sequence(table, "kt:diff_evo", seed=0, budget=100, warm_start=False)
+    assert sorted(first) == sorted(table.entries)
+    assert measured_sequence(table, "kt:diff_evo", seed=0, budget=100, warm_start=False) == first
+    assert measured_sequence(table, "kt:diff_evo", seed=1, budget=100, warm_start=False) != first
+    assert Searchspace.get_LHS_sample_indices is original
+
+
+def test_a_peer_that_fails_on_a_table_is_reported_not_fatal(monkeypatch: Any) -> None:
+    """A peer's own bug on one table ends that peer's row with the error; tiletune's samplers still raise."""
+    import server.bench.search as bench
+
+    table = RecordedTable.load(TABLES_DIR / "small-mixed.xla.json")
+
+    def broken(*args: Any, **kwargs: Any) -> list[str]:
+        raise AttributeError("module 'numpy' has no attribute 'shuffle'")
+
+    monkeypatch.setattr(bench, "_peer_sequence", broken)
+    row = replay(table, "t", "kt:diff_evo", seeds=3, budget=5, warm_start=False).summary()
+    assert row["error"] == "seed 0: AttributeError: module 'numpy' has no attribute 'shuffle'"
+    assert "median_trials_to_tied" not in row and "median_regret" not in row
+    assert "error" not in replay(table, "t", "random", seeds=1, budget=5).summary()
+    monkeypatch.setattr(bench, "run_search", broken)
+    with pytest.raises(AttributeError):
+        replay(table, "t", "random", seeds=1, budget=5)
+
+
 def test_unknown_strategies_are_named() -> None:
     with pytest.raises(ValueError, match="kt:fastest"):
         strategies(["tpe", "kt:fastest"])

@@ -56,3 +56,19 @@ def test_bad_options_are_named() -> None:
     assert result.exit_code == 2 and "fastest" in result.output
     result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--peer-order", "sideways"])
     assert result.exit_code == 2 and "--peer-order" in result.output and "sideways" in result.output
+
+
+def test_a_failed_peer_is_a_row_of_the_report(monkeypatch: Any) -> None:
+    import server.bench.search as bench
+
+    def broken(*args: Any, **kwargs: Any) -> list[str]:
+        raise RuntimeError("peer crashed")
+
+    monkeypatch.setattr(bench, "_peer_sequence", broken)
+    args = ["bench", "search", "--replay", TABLES[1], "--sampler", "random,kt:mls", "--seeds", "1", "--budget", "3"]
+    printed = runner.invoke(cli, [*args, "--warm-start", "off"], env={"COLUMNS": "250"})
+    assert printed.exit_code == 0, printed.output
+    assert "failed: seed 0: RuntimeError: peer crashed" in printed.stdout
+    assert "kt:mls failed on small-mixed.xla.json" in printed.stderr
+    rows = json.loads(runner.invoke(cli, [*args, "--warm-start", "off", "--json"]).stdout)
+    assert [r.get("error") for r in rows] == [None, "seed 0: RuntimeError: peer crashed"]
