@@ -429,6 +429,79 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
         "median over seeds of measured trials until one of them; regret@N: median over seeds of the recorded "
         "median of the best config measured in N trials over the table's fastest (1.000 = no regret)"
     )
+    print_head_to_head(rows, out)
+
+
+def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> list[dict[str, Any]]:
+    """For each (table, warm start, neighbours) of ``rows`` (report summaries) that has ``default`` (the
+    search's default strategy unless named) and at least one other strategy that ran: the default's median
+    trials to tied (and its median regret at 20 trials) against the best other strategy's (fewest median
+    trials, then more seeds reaching, then the lower median regret at 20), the margin (other minus default:
+    above 0 the default is ahead) and a verdict, ``leads``, ``level`` or ``trails``. The issue's must-show
+    compares this way against every strategy run beside it; ``level`` at 1 trial means the warm start itself
+    is tied, a race no strategy can lead."""
+    default = default or SearchOptions().sampler
+    groups: dict[tuple[str, bool, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["table"], r["warm_start"], r.get("neighbours", 0)), []).append(r)
+    out = []
+    for (table, warm, _n), group in groups.items():
+        mine = [r for r in group if r["strategy"] == default and not r.get("error")]
+        others = [r for r in group if r["strategy"] != default and not r.get("error")]
+        if not mine or not others:
+            continue
+        best = min(
+            others,
+            key=lambda r: (r["median_trials_to_tied"], -int(r["reached"].split("/")[0]), r["median_regret"]["20"]),
+        )
+        ours, theirs = mine[0]["median_trials_to_tied"], best["median_trials_to_tied"]
+        margin = theirs - ours if math.isfinite(ours) or math.isfinite(theirs) else 0.0
+        out.append(
+            {
+                "table": table,
+                "warm_start": warm,
+                "default": default,
+                "trials": ours,
+                "regret_20": mine[0]["median_regret"]["20"],
+                "best_other": best["strategy"],
+                "best_other_trials": theirs,
+                "margin": margin,
+                "verdict": "leads" if margin > 0 else "level" if margin == 0 else "trails",
+            }
+        )
+    return out
+
+
+def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
+    """:func:`head_to_head` of ``rows`` as a rich table and a count on ``out`` (nothing when it has no rows)."""
+    from rich.table import Table
+
+    verdicts = head_to_head(rows)
+    if not verdicts:
+        return
+    t = Table("table", "warm start", "default", "trials", "regret@20", "best other", "its trials", "margin", "verdict")
+    for v in verdicts:
+        t.add_row(
+            v["table"],
+            "on" if v["warm_start"] else "off",
+            v["default"],
+            _trials(v["trials"]),
+            _regret(v["regret_20"]),
+            v["best_other"],
+            _trials(v["best_other_trials"]),
+            f"{v['margin']:+g}" if math.isfinite(v["margin"]) else "-",
+            v["verdict"],
+        )
+    out.print(t)
+    count = {k: sum(v["verdict"] == k for v in verdicts) for k in ("leads", "level", "trails")}
+    out.print(
+        f"the default leads on {count['leads']} of {len(verdicts)} rows, is level on {count['level']} and trails "
+        f"on {count['trails']} (median trials to tied against the best other strategy run beside it)"
+    )
+
+
+def _trials(value: float) -> str:
+    return f"{value:g}" if math.isfinite(value) else "not reached"
 
 
 def _regret(value: float) -> str:

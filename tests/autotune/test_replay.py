@@ -23,6 +23,7 @@ from kernel.workload import Workload
 from server.bench.search import (
     BUDGETS,
     PEER_ORDERS,
+    head_to_head,
     heuristic_key,
     measured_sequence,
     neighbour_bests,
@@ -207,6 +208,55 @@ def test_a_peer_that_fails_on_a_table_is_reported_not_fatal(monkeypatch: Any) ->
     monkeypatch.setattr(bench, "run_search", broken)
     with pytest.raises(AttributeError):
         replay(table, "t", "random", seeds=1, budget=5)
+
+
+def _row(table: str, strategy: str, warm: bool, trials: float, reached: str = "20/20", regret: float = 1.0) -> Any:
+    return {
+        "table": table,
+        "strategy": strategy,
+        "warm_start": warm,
+        "neighbours": 0,
+        "median_trials_to_tied": trials,
+        "reached": reached,
+        "median_regret": {"20": regret},
+    }
+
+
+def test_head_to_head_sets_the_default_against_the_best_other_strategy_of_each_row() -> None:
+    rows = [
+        _row("a", "surrogate", True, 4),
+        _row("a", "tpe-plain", True, 6.5),
+        _row("a", "kt:pso", True, 5),
+        _row("a", "surrogate", False, 13, regret=1.004),
+        _row("a", "tpe-plain", False, 11),
+        _row("a", "random", False, 11, reached="17/20"),  # as few trials, fewer seeds reaching: not the best
+        _row("b", "surrogate", True, 1),
+        _row("b", "random", True, 1),
+        {**_row("b", "kt:diff_evo", False, 0), "error": "seed 0: AttributeError"},  # failed: no figures
+        _row("b", "surrogate", False, math.inf, reached="0/20"),
+        _row("b", "random", False, 40, reached="11/20"),
+        _row("c", "tpe", True, 3),  # no default in this row: nothing to set against
+    ]
+    verdicts = {(v["table"], v["warm_start"]): v for v in head_to_head(rows)}
+    assert set(verdicts) == {("a", True), ("a", False), ("b", True), ("b", False)}
+    assert verdicts["a", True] == {
+        "table": "a",
+        "warm_start": True,
+        "default": "surrogate",
+        "trials": 4,
+        "regret_20": 1.0,
+        "best_other": "kt:pso",
+        "best_other_trials": 5,
+        "margin": 1,
+        "verdict": "leads",
+    }
+    assert (verdicts["a", False]["best_other"], verdicts["a", False]["margin"]) == ("tpe-plain", -2)
+    assert verdicts["a", False]["verdict"] == "trails" and verdicts["a", False]["regret_20"] == 1.004
+    assert (verdicts["b", True]["margin"], verdicts["b", True]["verdict"]) == (0, "level")
+    assert verdicts["b", False]["verdict"] == "trails" and verdicts["b", False]["best_other"] == "random"
+    named = {(v["table"], v["warm_start"]): v for v in head_to_head(rows, default="tpe-plain")}
+    assert set(named) == {("a", True), ("a", False)}  # "c" has tpe alone: nothing to set it against
+    assert (named["a", True]["best_other"], named["a", True]["verdict"]) == ("surrogate", "trails")
 
 
 def test_unknown_strategies_are_named() -> None:

@@ -69,6 +69,17 @@ def test_a_failed_peer_is_a_row_of_the_report(monkeypatch: Any) -> None:
     printed = runner.invoke(cli, [*args, "--warm-start", "off"], env={"COLUMNS": "250"})
     assert printed.exit_code == 0, printed.output
     assert "failed: seed 0: RuntimeError: peer crashed" in printed.stdout
+    # No default among the strategies: no head-to-head below the table.
+    assert "the default leads on" not in printed.stdout
     assert "kt:mls failed on small-mixed.xla.json" in printed.stderr
     rows = json.loads(runner.invoke(cli, [*args, "--warm-start", "off", "--json"]).stdout)
     assert [r.get("error") for r in rows] == [None, "seed 0: RuntimeError: peer crashed"]
+
+
+def test_the_report_sets_the_default_against_the_best_other_strategy() -> None:
+    args = ["bench", "search", "--replay", *TABLES[:2], "--sampler", "surrogate,random", "--seeds", "2"]
+    printed = runner.invoke(cli, [*args, "--budget", "6", "--warm-start", "both"], env={"COLUMNS": "250"})
+    assert printed.exit_code == 0, printed.output
+    summary = printed.stdout.splitlines()[-1]
+    assert summary.startswith("the default leads on ") and " of 4 rows, is level on " in summary, summary
+    assert printed.stdout.count("│ surrogate │") == 4 + 4  # its rows in the report, then in the head-to-head
