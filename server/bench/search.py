@@ -158,20 +158,8 @@ class Scores:
     error: str | None = None  # why a peer failed on this table (its figures are then absent), None: it ran
 
     def summary(self) -> dict[str, Any]:
-        reached = [t for t in self.trials_to_tied if math.isfinite(t)]
-        if self.error is not None:
-            return {
-                "table": self.table,
-                "strategy": self.strategy,
-                "warm_start": self.warm_start,
-                "neighbours": self.neighbours,
-                "family_model": self.prior,
-                "peer_order": self.peer_order,
-                "table_size": self.size,
-                "tied_set": self.tied,
-                "error": self.error,
-            }
-        return {
+        """One report row: what ran where, then its figures, or the peer's error instead of them."""
+        row: dict[str, Any] = {
             "table": self.table,
             "strategy": self.strategy,
             "warm_start": self.warm_start,
@@ -180,6 +168,12 @@ class Scores:
             "peer_order": self.peer_order,
             "table_size": self.size,
             "tied_set": self.tied,
+        }
+        if self.error is not None:
+            return {**row, "error": self.error}
+        reached = [t for t in self.trials_to_tied if math.isfinite(t)]
+        return {
+            **row,
             "median_trials_to_tied": float(np.median(self.trials_to_tied)),
             "reached": f"{len(reached)}/{len(self.trials_to_tied)}",
             "median_regret": {str(b): float(np.median(v)) for b, v in self.regret.items()},
