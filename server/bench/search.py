@@ -389,6 +389,7 @@ def _start(row: dict[str, Any]) -> str:
 
 def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
     """The replay summaries as a rich table on ``out`` (a rich Console)."""
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(
@@ -403,7 +404,7 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
     )
     for r in rows:
         if r.get("error"):
-            cells = [f"failed: {r['error']}", "-", *["-" for _ in BUDGETS]]
+            cells = [f"failed: {escape(r['error'])}", "-", *["-" for _ in BUDGETS]]  # an error is text, not markup
             t.add_row(r["table"], str(r["table_size"]), str(r["tied_set"]), _strategy(r), _start(r), *cells)
             continue
         trials = r["median_trials_to_tied"]
@@ -483,7 +484,7 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
             _regret(v["regret_20"]),
             v["best_other"],
             _trials(v["best_other_trials"]),
-            f"{v['margin']:+g}" if math.isfinite(v["margin"]) else "-",
+            f"{v['margin']:+g}",  # +inf: only the default reached a tied config
             v["verdict"],
         )
     out.print(t)

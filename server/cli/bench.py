@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, out
@@ -353,7 +354,7 @@ def bench_search_cmd(
                     peer_order=peer_order,
                 )
                 if scores.error is not None:
-                    err.print(f"[yellow]{name} failed on {path.name}: {scores.error}[/]")
+                    err.print(f"[yellow]{name} failed on {path.name}: {escape(scores.error)}[/]")
                 rows.append(scores.summary())
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -62,18 +62,21 @@ def test_a_failed_peer_is_a_row_of_the_report(monkeypatch: Any) -> None:
     import server.bench.search as bench
 
     def broken(*args: Any, **kwargs: Any) -> list[str]:
-        raise RuntimeError("peer crashed")
+        raise RuntimeError("peer crashed [bold]here[/bold]")
 
     monkeypatch.setattr(bench, "_peer_sequence", broken)
     args = ["bench", "search", "--replay", TABLES[1], "--sampler", "random,kt:mls", "--seeds", "1", "--budget", "3"]
     printed = runner.invoke(cli, [*args, "--warm-start", "off"], env={"COLUMNS": "250"})
     assert printed.exit_code == 0, printed.output
-    assert "failed: seed 0: RuntimeError: peer crashed" in printed.stdout
+    # The error is printed as text, its brackets included (not read as markup), wrapped within its cell.
+    assert "failed: seed 0: RuntimeError: peer crashed" in printed.stdout and "[bold]here[/bold]" in printed.stdout
     # No default among the strategies: no head-to-head below the table.
     assert "the default leads on" not in printed.stdout
-    assert "kt:mls failed on small-mixed.xla.json" in printed.stderr
+    assert "kt:mls failed on small-mixed.xla.json: seed 0: RuntimeError: peer crashed [bold]here[/bold]" in " ".join(
+        printed.stderr.split()
+    )
     rows = json.loads(runner.invoke(cli, [*args, "--warm-start", "off", "--json"]).stdout)
-    assert [r.get("error") for r in rows] == [None, "seed 0: RuntimeError: peer crashed"]
+    assert [r.get("error") for r in rows] == [None, "seed 0: RuntimeError: peer crashed [bold]here[/bold]"]
 
 
 def test_the_report_sets_the_default_against_the_best_other_strategy() -> None:
