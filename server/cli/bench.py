@@ -291,7 +291,14 @@ def bench_search_cmd(
 ) -> None:
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
-    from server.bench.search import PEER_ORDERS, family_prior, neighbour_bests, print_search_report, strategies
+    from server.bench.search import (
+        PEER_ORDERS,
+        family_prior,
+        neighbour_bests,
+        print_search_report,
+        replay_versions,
+        strategies,
+    )
     from server.bench.search import replay as replay_table
     from server.worker.tune import local_workload
 
@@ -335,6 +342,7 @@ def bench_search_cmd(
         raise fail(str(exc)) from None
     starts = {"on": (True,), "off": (False,), "both": (True, False)}[warm_start]
     rows = []
+    versions = replay_versions()  # in every row: rows of runs in other installs stay told apart
     loaded = {path: RecordedTable.load(path) for path in replay}
     for path, table in loaded.items():
         seeds_of = neighbour_bests(table, list(loaded.values())) if neighbours else []
@@ -355,7 +363,7 @@ def bench_search_cmd(
                 )
                 if scores.error is not None:
                     err.print(f"[yellow]{name} failed on {path.name}: {escape(scores.error)}[/]")
-                rows.append(scores.summary())
+                rows.append({**scores.summary(), "versions": versions})
     if as_json:
         print(json.dumps(rows, indent=2))
         return

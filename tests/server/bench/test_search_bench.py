@@ -86,3 +86,16 @@ def test_the_report_sets_the_default_against_the_best_other_strategy() -> None:
     summary = printed.stdout.splitlines()[-1]
     assert summary.startswith("the default leads on ") and " of 4 rows, is level on " in summary, summary
     assert printed.stdout.count("│ surrogate │") == 4 + 4  # its rows in the report, then in the head-to-head
+
+
+def test_every_row_names_the_versions_its_figures_depend_on() -> None:
+    from importlib import metadata
+
+    rows = _replay("--sampler", "random", "--warm-start", "off", "--json")
+    installed = {d: metadata.version(d) for d in ("optuna", "numpy", "scipy")}
+    for row in rows:
+        assert {k: row["versions"][k] for k in installed} == installed
+        assert set(row["versions"]) == {"optuna", "numpy", "scipy", "kernel_tuner"}
+    args = ["bench", "search", "--replay", TABLES[0], "--sampler", "random", "--seeds", "1", "--budget", "2"]
+    printed = runner.invoke(cli, args, env={"COLUMNS": "250"})
+    assert printed.exit_code == 0 and f"optuna {installed['optuna']}, numpy {installed['numpy']}" in printed.stdout
