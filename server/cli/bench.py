@@ -292,7 +292,7 @@ def bench_search_cmd(
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.replay import RecordedTable, record_table
     from server.bench.search import (
-        PEER_ORDERS,
+        check_peer_order,
         family_prior,
         neighbour_bests,
         print_search_report,
@@ -334,8 +334,10 @@ def bench_search_cmd(
         return
     if warm_start not in ("on", "off", "both"):
         raise typer.BadParameter("--warm-start must be on, off or both")
-    if peer_order not in PEER_ORDERS:
-        raise typer.BadParameter(f"--peer-order must be one of {', '.join(PEER_ORDERS)}, got {peer_order!r}")
+    try:
+        check_peer_order(peer_order)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--peer-order: {exc}") from None
     try:
         names = strategies([s.strip() for s in sampler.split(",") if s.strip()])
     except ValueError as exc:
