@@ -49,6 +49,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from autotune.compare import difference
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
@@ -193,6 +194,9 @@ class Scores:
             **row,
             "median_trials_to_tied": float(np.median(self.trials_to_tied)),
             "reached": f"{len(reached)}/{len(self.trials_to_tied)}",
+            # Per seed (null: not reached), so whether two strategies' medians differ beyond the seeds' own
+            # spread can be tested from the report (head_to_head), not only read off two medians.
+            "trials_to_tied": [t if math.isfinite(t) else None for t in self.trials_to_tied],
             "median_regret": {str(b): float(np.median(v)) for b, v in self.regret.items()},
             "max_regret": {str(b): float(np.max(v)) for b, v in self.regret.items()},
         }
@@ -454,7 +458,17 @@ def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> 
     trials, then more seeds reaching, then the lower median regret at 20), the margin (other minus default:
     above 0 the default is ahead) and a verdict, ``leads``, ``level`` or ``trails``. The issue's must-show
     compares this way against every strategy run beside it; ``level`` at 1 trial means the warm start itself
-    is tied, a race no strategy can lead."""
+    is tied, a race no strategy can lead.
+
+    A median of 20 seeds moves by a trial or two with the draw, so the verdict by medians is also given
+    beyond that noise (``noise_verdict``, from the rows' per-seed figures; None for rows without them): the
+    default's trials against each other strategy's, compared as run times are
+    (:func:`autotune.compare.difference`: Mann-Whitney U at 95% and medians over 1% apart; a seed that
+    never reached counts as the most trials). ``trails`` when any other strategy is reliably ahead (named in
+    ``ahead_beyond_noise``), ``leads`` when the default is reliably ahead of every one, ``level`` otherwise
+    (``within_noise`` names the strategies it cannot be told from); ``p_value`` is the test's against the
+    best other strategy. Both judge the default harshly: one reliably better strategy among many makes it
+    trail, and it leads only when it is reliably ahead of all of them."""
     default = default or SearchOptions().sampler
     groups: dict[tuple[str, bool, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -482,9 +496,40 @@ def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> 
                 "best_other_trials": theirs,
                 "margin": margin,
                 "verdict": "leads" if margin > 0 else "level" if margin == 0 else "trails",
+                **_beyond_noise(mine[0], best, others),
             }
         )
     return out
+
+
+def _per_seed(row: dict[str, Any]) -> list[float] | None:
+    """A report row's trials to tied per seed (a seed that did not reach: inf), None for a row without them."""
+    seeds = row.get("trials_to_tied")
+    return None if seeds is None else [math.inf if t is None else float(t) for t in seeds]
+
+
+def _beyond_noise(mine: dict[str, Any], best: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The noise-aware half of a :func:`head_to_head` verdict (see there)."""
+    ours = _per_seed(mine)
+    theirs = {r["strategy"]: _per_seed(r) for r in others}
+    if ours is None or any(t is None for t in theirs.values()):
+        return {"noise_verdict": None, "p_value": None, "ahead_beyond_noise": [], "within_noise": []}
+    diffs = {name: difference(*_misses_last(ours, cast(list[float], t))) for name, t in theirs.items()}
+    ahead = [n for n, d in diffs.items() if d.real and d.ratio > 1.0]
+    level = [n for n, d in diffs.items() if not d.real]
+    return {
+        "noise_verdict": "trails" if ahead else "level" if level else "leads",
+        "p_value": diffs[best["strategy"]].p_value,
+        "ahead_beyond_noise": ahead,
+        "within_noise": level,
+    }
+
+
+def _misses_last(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
+    """``a`` and ``b`` with every seed that did not reach (inf) set to one trial more than any seed of either
+    took: the same ranks for the test, and a finite ratio of medians (two rows that never reached tie)."""
+    cap = max((t for t in (*a, *b) if math.isfinite(t)), default=0.0) + 1.0
+    return [t if math.isfinite(t) else cap for t in a], [t if math.isfinite(t) else cap for t in b]
 
 
 def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
@@ -494,8 +539,16 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
     verdicts = head_to_head(rows)
     if not verdicts:
         return
-    t = Table("table", "warm start", "default", "trials", "regret@20", "best other", "its trials", "margin", "verdict")
+    noise = all(v["noise_verdict"] is not None for v in verdicts)
+    extra = ("p", "beyond noise") if noise else ()
+    t = Table(
+        "table", "warm start", "default", "trials", "regret@20", "best other", "its trials", "margin", "verdict", *extra
+    )
     for v in verdicts:
+        cells = []
+        if noise:
+            named = v["ahead_beyond_noise"] or v["within_noise"]
+            cells = [f"{v['p_value']:.2g}", v["noise_verdict"] + (f" ({', '.join(named)})" if named else "")]
         t.add_row(
             v["table"],
             "on" if v["warm_start"] else "off",
@@ -506,12 +559,26 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
             _trials(v["best_other_trials"]),
             f"{v['margin']:+g}",  # +inf: only the default reached a tied config
             v["verdict"],
+            *cells,
         )
     out.print(t)
-    count = {k: sum(v["verdict"] == k for v in verdicts) for k in ("leads", "level", "trails")}
     out.print(
-        f"the default leads on {count['leads']} of {len(verdicts)} rows, is level on {count['level']} and trails "
-        f"on {count['trails']} (median trials to tied against the best other strategy run beside it)"
+        f"the default {_count(verdicts, 'verdict')} "
+        "(median trials to tied against the best other strategy run beside it)"
+    )
+    if noise:
+        out.print(
+            f"beyond the seeds' noise it {_count(verdicts, 'noise_verdict')} (its trials per seed against each other "
+            "strategy's: Mann-Whitney U, 95%; trails: one is reliably ahead, named; level: the ones it cannot be "
+            "told from, named; leads: reliably ahead of all)"
+        )
+
+
+def _count(verdicts: Sequence[dict[str, Any]], field: str) -> str:
+    count = {k: sum(v[field] == k for v in verdicts) for k in ("leads", "level", "trails")}
+    return (
+        f"leads on {count['leads']} of {len(verdicts)} rows, is level on {count['level']} and trails on "
+        f"{count['trails']}"
     )
 
 

@@ -249,6 +249,11 @@ def test_head_to_head_sets_the_default_against_the_best_other_strategy_of_each_r
         "best_other_trials": 5,
         "margin": 1,
         "verdict": "leads",
+        # Rows without per-seed figures (older reports) give no verdict beyond the noise.
+        "noise_verdict": None,
+        "p_value": None,
+        "ahead_beyond_noise": [],
+        "within_noise": [],
     }
     assert (verdicts["a", False]["best_other"], verdicts["a", False]["margin"]) == ("tpe-plain", -2)
     assert verdicts["a", False]["verdict"] == "trails" and verdicts["a", False]["regret_20"] == 1.004
@@ -257,6 +262,60 @@ def test_head_to_head_sets_the_default_against_the_best_other_strategy_of_each_r
     named = {(v["table"], v["warm_start"]): v for v in head_to_head(rows, default="tpe-plain")}
     assert set(named) == {("a", True), ("a", False)}  # "c" has tpe alone: nothing to set it against
     assert (named["a", True]["best_other"], named["a", True]["verdict"]) == ("surrogate", "trails")
+
+
+def _seeds(row: dict[str, Any], per_seed: list[float | None]) -> dict[str, Any]:
+    """``row`` with its trials per seed (None: not reached) and the median and count they give."""
+    trials = [math.inf if t is None else t for t in per_seed]
+    reached = f"{sum(t is not None for t in per_seed)}/{len(per_seed)}"
+    return {**row, "trials_to_tied": per_seed, "median_trials_to_tied": float(np.median(trials)), "reached": reached}
+
+
+def test_the_head_to_head_tells_a_median_difference_from_the_seeds_noise() -> None:
+    spread: list[float | None] = [5, 6, 7, 9, 9, 11, 11, 11, 11, 13, 13, 13, 14, 15, 16, 16, 16, 19, 20, 21]
+    rows = [
+        # 13 against 11: behind by medians, but the seeds of both spread over 5-21.
+        _seeds(_row("near", "surrogate", False, 0), spread),
+        _seeds(_row("near", "tpe-plain", False, 0), [t - 2 for t in spread]),  # type: ignore[operator]
+        _seeds(_row("near", "random", False, 0), [t + 30 for t in spread]),  # type: ignore[operator]
+        # Every seed of plain TPE reaches in 3-5 trials, every one of the default's in 12-20: it trails.
+        _seeds(_row("far", "surrogate", False, 0), [12 + s % 9 for s in range(20)]),
+        _seeds(_row("far", "tpe-plain", False, 0), [3 + s % 3 for s in range(20)]),
+        _seeds(_row("far", "random", False, 0), [40 + s for s in range(20)]),
+        # Reliably ahead of both.
+        _seeds(_row("ahead", "surrogate", True, 0), [1 + s % 3 for s in range(20)]),
+        _seeds(_row("ahead", "tpe-plain", True, 0), [9 + s % 5 for s in range(20)]),
+        _seeds(_row("ahead", "kt:pso", True, 0), [6 + s % 7 for s in range(20)]),
+        # Kernel Tuner's median (2) is far below the default's 30, but 9 of its 20 seeds never reached: a seed
+        # that did not reach counts as the most trials, so the two cannot be told apart.
+        _seeds(_row("misses", "surrogate", True, 0), [30.0] * 20),
+        _seeds(_row("misses", "kt:mls", True, 0), [2.0] * 11 + [None] * 9),
+        # One strategy without per-seed figures (an older report): no verdict beyond the noise for the row.
+        _seeds(_row("old", "surrogate", True, 0), spread),
+        _row("old", "random", True, 40),
+    ]
+    verdicts = {v["table"]: v for v in head_to_head(rows)}
+    near, far, ahead, misses = verdicts["near"], verdicts["far"], verdicts["ahead"], verdicts["misses"]
+    assert (near["margin"], near["verdict"], near["noise_verdict"]) == (-2, "trails", "level")
+    assert near["within_noise"] == ["tpe-plain"] and near["ahead_beyond_noise"] == [] and near["p_value"] > 0.05
+    assert (far["verdict"], far["noise_verdict"], far["ahead_beyond_noise"]) == ("trails", "trails", ["tpe-plain"])
+    assert far["p_value"] < 0.05 and far["within_noise"] == []
+    assert (ahead["verdict"], ahead["noise_verdict"], ahead["within_noise"]) == ("leads", "leads", [])
+    assert (misses["best_other"], misses["margin"], misses["verdict"]) == ("kt:mls", -28, "trails")
+    assert misses["noise_verdict"] == "level" and misses["within_noise"] == ["kt:mls"]
+    assert verdicts["old"]["verdict"] == "leads" and verdicts["old"]["noise_verdict"] is None
+
+
+def test_every_row_carries_its_trials_per_seed() -> None:
+    table = RecordedTable.load(TABLES_DIR / "band-sink-suffix-bf16.xla.json")
+    row = replay(table, "t", "random", seeds=6, budget=4, warm_start=False).summary()
+    per_seed = row["trials_to_tied"]
+    # Two tied configs of 160 in four random trials: most seeds do not reach, and say so as null, not Infinity.
+    assert len(per_seed) == 6 and None in per_seed and json.loads(json.dumps(per_seed, allow_nan=False)) == per_seed
+    assert row["reached"] == f"{sum(t is not None for t in per_seed)}/6"
+    assert all(t is None or 1 <= t <= 4 for t in per_seed)
+    trials = [math.inf if t is None else t for t in per_seed]
+    assert float(np.median(trials)) == row["median_trials_to_tied"]
 
 
 def test_unknown_strategies_are_named() -> None:
