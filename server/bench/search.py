@@ -435,20 +435,31 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
             str(r["tied_set"]),
             _strategy(r),
             _start(r),
-            f"{trials:.1f}" if math.isfinite(trials) else "not reached",
+            _trials_cell(trials, _per_seed(r)),
             r["reached"],
             *[_regret(r["median_regret"][str(b)]) for b in BUDGETS],
         )
     out.print(t)
     out.print(
         "tied: configs statistically tied with the table's fastest (Mann-Whitney, 95%, over 1%); trials to tied: "
-        "median over seeds of measured trials until one of them; regret@N: median over seeds of the recorded "
+        "median over seeds of measured trials until one of them (in brackets the seeds' 25th-75th percentiles, "
+        "'never': past the budget); regret@N: median over seeds of the recorded "
         "median of the best config measured in N trials over the table's fastest (1.000 = no regret)"
     )
     versions = rows[0].get("versions") if rows else None
     if versions:
         out.print("replayed with " + ", ".join(f"{k} {v}" for k, v in versions.items() if v is not None))
     print_head_to_head(rows, out)
+
+
+def _trials_cell(median: float, per_seed: list[float] | None) -> str:
+    """A report row's median trials to tied with its seeds' interquartile range (sample values, not
+    interpolated, so a quartile past the budget reads 'never' rather than an interpolated infinity)."""
+    text = f"{median:.1f}" if math.isfinite(median) else "not reached"
+    if not per_seed:
+        return text
+    quartiles = (float(np.percentile(per_seed, q, method="inverted_cdf")) for q in (25, 75))
+    return f"{text} ({'-'.join(f'{q:g}' if math.isfinite(q) else 'never' for q in quartiles)})"
 
 
 def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from server.bench.search import (
     heuristic_key,
     measured_sequence,
     neighbour_bests,
+    print_search_report,
     replay,
     score,
     strategies,
@@ -304,6 +305,24 @@ def test_the_head_to_head_tells_a_median_difference_from_the_seeds_noise() -> No
     assert (misses["best_other"], misses["margin"], misses["verdict"]) == ("kt:mls", -28, "trails")
     assert misses["noise_verdict"] == "level" and misses["within_noise"] == ["kt:mls"]
     assert verdicts["old"]["verdict"] == "leads" and verdicts["old"]["noise_verdict"] is None
+
+
+def test_the_report_gives_each_median_its_seeds_spread() -> None:
+    from rich.console import Console
+
+    spread: list[float | None] = [5, 6, 7, 9, 9, 11, 11, 11, 11, 13, 13, 13, 14, 15, 16, 16, 16, 19, 20, 21]
+    cells = {"table_size": 160, "tied_set": 2, "median_regret": {str(b): 1.0 for b in BUDGETS}}
+    rows = [
+        {**_seeds(_row("t", "surrogate", False, 0), spread), **cells},
+        {**_seeds(_row("t", "random", False, 0), [3] * 6 + [None] * 14), **cells},
+        {**_row("t", "tpe", False, 7), **cells},  # an older row: no per-seed figures
+    ]
+    console = Console(record=True, width=300)
+    print_search_report(rows, console)
+    lines = [" ".join(line.split()) for line in console.export_text().splitlines()]
+    assert any("│ surrogate │ off │ 13.0 (9-16) │ 20/20 │" in line for line in lines)
+    assert any("│ random │ off │ not reached (3-never) │ 6/20 │" in line for line in lines)
+    assert any("│ tpe │ off │ 7.0 │ 20/20 │" in line for line in lines)
 
 
 def test_every_row_carries_its_trials_per_seed() -> None:
