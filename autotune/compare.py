@@ -48,7 +48,8 @@ class Difference:
 
 
 def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
-    """Compare two sets of run times (ms)."""
+    """Compare two sets of run times (ms), or of any positive figure measured repeatedly (``bench search``
+    compares strategies' trials to tied over seeds this way)."""
     if len(a) == 0 or len(b) == 0:
         raise ValueError("difference: both sides need runs")
     ratio = float(np.median(a) / np.median(b)) if np.median(b) > 0 else float("inf")

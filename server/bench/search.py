@@ -558,8 +558,7 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
     for v in verdicts:
         cells = []
         if noise:
-            named = v["ahead_beyond_noise"] or v["within_noise"]
-            cells = [f"{v['p_value']:.2g}", v["noise_verdict"] + (f" ({', '.join(named)})" if named else "")]
+            cells = [f"{v['p_value']:.2g}", v["noise_verdict"] + _named(v["ahead_beyond_noise"] or v["within_noise"])]
         t.add_row(
             v["table"],
             "on" if v["warm_start"] else "off",
@@ -583,6 +582,14 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
             "strategy's: Mann-Whitney U, 95%; trails: one is reliably ahead, named; level: the ones it cannot be "
             "told from, named; leads: reliably ahead of all)"
         )
+
+
+def _named(names: Sequence[str], most: int = 3) -> str:
+    """The strategies a noise verdict names, as a cell suffix: the first ``most`` and how many more."""
+    if not names:
+        return ""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f" ({', '.join(names[:most])}{more})"
 
 
 def _count(verdicts: Sequence[dict[str, Any]], field: str) -> str:

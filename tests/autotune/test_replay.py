@@ -325,6 +325,24 @@ def test_the_report_gives_each_median_its_seeds_spread() -> None:
     assert any("│ tpe │ off │ 7.0 │ 20/20 │" in line for line in lines)
 
 
+def test_the_printed_head_to_head_names_the_strategies_behind_a_noise_verdict() -> None:
+    from rich.console import Console
+
+    cells = {"table_size": 136, "tied_set": 7, "median_regret": {str(b): 1.0 for b in BUDGETS}}
+    names = ["surrogate", "tpe", "tpe-plain", "random", "kt:pso", "kt:mls"]
+    rows = [{**_seeds(_row("t", n, True, 0), [1.0] * 20), **cells} for n in names]  # every seed starts tied
+    rows += [
+        {**_seeds(_row("u", "surrogate", False, 0), [12 + s % 9 for s in range(20)]), **cells},
+        {**_seeds(_row("u", "tpe-plain", False, 0), [3 + s % 3 for s in range(20)]), **cells},
+    ]
+    console = Console(record=True, width=300)
+    print_search_report(rows, console)
+    text = " ".join(console.export_text().split())
+    assert "│ level │ 1 │ level (tpe, tpe-plain, random and 2 more) │" in text
+    assert "│ trails │ " in text and " │ trails (tpe-plain) │" in text
+    assert "beyond the seeds' noise it leads on 0 of 2 rows, is level on 1 and trails on 1" in text
+
+
 def test_every_row_carries_its_trials_per_seed() -> None:
     table = RecordedTable.load(TABLES_DIR / "band-sink-suffix-bf16.xla.json")
     row = replay(table, "t", "random", seeds=6, budget=4, warm_start=False).summary()
