@@ -13,6 +13,7 @@ import functools
 import subprocess
 import sys
 
+CPU_DEVICE_KIND = "cpu"  # device_kind of JAX's CPU devices: a workload measured on this machine's CPU
 _PROBE = "import jax; d = jax.devices()[0]; print(jax.default_backend()); print(d.device_kind)"
 
 

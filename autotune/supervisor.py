@@ -46,13 +46,29 @@ def serve_requests(conn: Any, setup: Callable[[], Callable[[str, Any], Any]]) ->
             conn.send(("error", traceback.format_exc()))
 
 
+def _jax_platforms() -> str | None:
+    """JAX's ``jax_platforms`` setting (None: every platform it finds), a config attribute mypy cannot see."""
+    import jax
+
+    value: str | None = jax.config.jax_platforms  # type: ignore[attr-defined]
+    return value
+
+
 def _child_main(
     conn: Any, workload: dict[str, Any], backend: str, options: dict[str, Any], inject: dict[str, str]
 ) -> None:
+    from autotune.device import CPU_DEVICE_KIND
     from autotune.measure import CPU_BACKENDS, WorkloadBench, pin_one_core
     from autotune.measure import MeasureOptions as Options
 
     def setup() -> Callable[[str, Any], Any]:
+        import jax
+
+        if workload.get("device_kind") == CPU_DEVICE_KIND and _jax_platforms() is None:
+            # Measuring on this machine's CPU needs no other platform. Left to probe them all, JAX
+            # starts libtpu (the `tpu` extra) on a machine without a TPU, which falls back to the CPU
+            # but prints an INVALID_ARGUMENT error about TPU hostnames a few seconds later.
+            jax.config.update("jax_platforms", "cpu")
         if backend in CPU_BACKENDS and options.get("one_core", True):
             pin_one_core(options.get("core"))  # before the bench below makes JAX create its CPU client
         bench = WorkloadBench(Workload.from_dict(workload), backend, Options(**options), inject)
@@ -67,7 +83,11 @@ def _child_main(
             if op == "prefetch":
                 return bench.prefetch(TileConfig.from_dict(payload))
             if op == "clock":
-                return {"clock": bench.clock, "cores": sorted(os.sched_getaffinity(0))}
+                return {
+                    "clock": bench.clock,
+                    "cores": sorted(os.sched_getaffinity(0)),
+                    "platforms": _jax_platforms(),
+                }
             if op == "anchor":
                 anchor, runs, config = payload
                 return bench.anchor_runs(anchor, runs, TileConfig.from_dict(config) if config else None)
@@ -259,8 +279,8 @@ class Supervisor(SupervisedChild):
             return Measurement("failed", error="measuring error: " + str(exc).strip().splitlines()[-1])
 
     def clock(self) -> dict[str, Any]:
-        """How the child times runs: ``{"clock": "cpu" | "wall", "cores": [the cores it may run on]}``
-        (:func:`autotune.measure.clock_for`)."""
+        """How the child times runs: ``{"clock": "cpu" | "wall", "cores": [the cores it may run on],
+        "platforms": the JAX platforms it may use (None: all)}`` (:func:`autotune.measure.clock_for`)."""
         result: dict[str, Any] = self.call("clock", None, "asking for the clock")
         return result
 

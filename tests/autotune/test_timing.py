@@ -59,4 +59,16 @@ def test_the_measuring_child_of_a_cpu_backend_runs_on_one_core_in_cpu_time(one_c
     if one_core:
         assert clock["clock"] == "cpu" and len(clock["cores"]) == 1 and clock["cores"][0] in allowed
     else:
-        assert clock == {"clock": "wall", "cores": allowed}
+        assert clock["clock"] == "wall" and clock["cores"] == allowed
+
+
+def test_the_measuring_child_of_a_cpu_workload_starts_no_other_jax_platform() -> None:
+    """A CPU workload's child asks JAX for the CPU alone: left to probe every platform, JAX starts
+    libtpu (installed by the `tpu` extra) on a machine without a TPU, which prints a misleading error;
+    a workload of another device kind leaves the choice to JAX (and to JAX_PLATFORMS)."""
+    assert LIVE.device_kind == "cpu"
+    with Supervisor(LIVE, "xla", OPTIONS, trial_timeout_s=120) as supervisor:
+        assert supervisor.clock()["platforms"] == "cpu"
+    other = dataclasses.replace(LIVE, device_kind="TPU v5 lite")
+    with Supervisor(other, "xla", OPTIONS, trial_timeout_s=120) as supervisor:
+        assert supervisor.clock()["platforms"] == os.environ.get("JAX_PLATFORMS")
