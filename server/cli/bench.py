@@ -265,7 +265,8 @@ def bench_search_cmd(
     budget: Annotated[int, typer.Option(min=1, help="Measured trials per replayed run")] = 40,
     backend: Annotated[str, typer.Option(help="Backend to record on")] = "xla",
     rounds: Annotated[
-        int, typer.Option(min=1, help="--record: interleaved rounds; every ok config is timed once per round")
+        int,
+        typer.Option(min=1, help="--record: interleaved rounds (at least 5); every ok config is timed once per round"),
     ] = 10,
     neighbours: Annotated[
         bool,
@@ -290,6 +291,7 @@ def bench_search_cmd(
     ] = None,
 ) -> None:
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
+    from autotune.compare import MIN_RUNS
     from autotune.replay import RecordedTable, record_table
     from server.bench.search import (
         check_peer_order,
@@ -310,6 +312,11 @@ def bench_search_cmd(
     if record:
         if (preset is None) == (workload is None) or out_path is None:
             raise typer.BadParameter("--record needs one of --preset/--workload, and --out")
+        if rounds < MIN_RUNS:  # refused before any compile: the table would be all ties
+            raise typer.BadParameter(
+                f"--rounds {rounds}: a config is timed once per round, and fewer than {MIN_RUNS} runs cannot tell "
+                f"two configs apart (every config would be tied with the best); give at least {MIN_RUNS} (default 10)"
+            )
         spec = json.loads(workload.read_text()) if workload else None
         wl = local_workload(spec, preset, backend, None, 1)
         with Progress(

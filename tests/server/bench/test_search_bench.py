@@ -102,3 +102,11 @@ def test_every_row_names_the_versions_its_figures_depend_on() -> None:
     args = ["bench", "search", "--replay", TABLES[0], "--sampler", "random", "--seeds", "1", "--budget", "2"]
     printed = runner.invoke(cli, args, env={"COLUMNS": "250"})
     assert printed.exit_code == 0 and f"optuna {installed['optuna']}, numpy {installed['numpy']}" in printed.stdout
+
+
+def test_a_record_too_short_to_tell_configs_apart_is_refused_before_any_compile(tmp_path: Any) -> None:
+    out = tmp_path / "table.json"
+    args = ["bench", "search", "--record", "--preset", "cpu-demo", "--out", str(out), "--rounds", "4"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 2 and "--rounds 4" in result.output and "at least 5" in result.output, result.output
+    assert not out.exists()
