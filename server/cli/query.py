@@ -15,7 +15,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from server.cli.common import DatabaseOpt, JsonOpt, err, out, speedups
+from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out, speedups
 from server.cli.common import settings as settings_of
 
 ServerOpt = Annotated[str | None, typer.Option("--server", help="Query this server (e.g. http://127.0.0.1:8000)")]
@@ -96,8 +96,11 @@ def lookup(
     if (preset is None) == (workload is None):
         raise typer.BadParameter("give exactly one of --preset or --workload")
     if workload is not None:
-        with open(workload) as fh:
-            spec = json.load(fh)
+        try:
+            with open(workload) as fh:
+                spec = json.load(fh)
+        except (OSError, ValueError) as exc:  # the server names a wrong field; a file it never sees is named here
+            raise fail(f"--workload {workload}: {exc}") from None
     else:
         from kernel.presets import PRESETS
 

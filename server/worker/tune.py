@@ -159,6 +159,8 @@ def local_workload(
     from kernel.attention import resolve_backend
     from kernel.presets import get_preset
 
+    if spec is not None and not isinstance(spec, dict):
+        raise ValueError(f"a workload JSON file must hold one object (shape and pattern), got a {type(spec).__name__}")
     device = probe_device()
     backend = resolve_backend(backend, device.platform)
     if spec is not None:

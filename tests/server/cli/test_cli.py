@@ -124,3 +124,37 @@ def test_a_core_the_process_may_not_run_on_is_refused_by_name(tmp_path) -> None:
     for command in (["tune", "--preset", "cpu-demo", "--backend", "xla"], ["worker", "--backend", "xla"]):
         result = runner.invoke(cli, [*command, "--core", str(outside), "--database-url", url])
         assert result.exit_code == 2 and "--core" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ("[1, 2]", "one object"),
+        ("{not json", "Expecting property name"),
+        (
+            '{"dtype": "float32", "head_dim": 64, "pattern": {"layout": {"frames": 4, "tokens_per_frame": 100},'
+            ' "heads": [{"kind": "temporal", "window_positions": 500}]}}',
+            "window_positions=500",
+        ),
+        (None, "No such file"),
+    ],
+    ids=["a-list", "not-json", "window-out-of-range", "missing"],
+)
+def test_a_bad_workload_file_is_an_error_naming_what_is_wrong(tmp_path: Path, content: str | None, named: str) -> None:
+    """`tune --workload` and `bench search --record --workload` exit 2 with one line saying what is wrong
+    with the file, before any compile, never with a traceback."""
+    spec = tmp_path / "workload.json"
+    if content is not None:
+        spec.write_text(content)
+    url = f"sqlite:///{tmp_path / 'bad.db'}"
+    for command in (
+        ["tune", "--workload", str(spec), "--backend", "xla", "--database-url", url],
+        ["bench", "search", "--record", "--workload", str(spec), "--out", str(tmp_path / "t.json")],
+    ):
+        result = runner.invoke(cli, command, env={"COLUMNS": "400"})
+        assert result.exit_code == 2, (command, result.output)
+        assert named in result.output and "Traceback" not in result.output, result.output
+        assert not (tmp_path / "t.json").exists()
+    if named in ("No such file", "Expecting property name"):  # what the server never sees is named by lookup
+        result = runner.invoke(cli, ["lookup", "--workload", str(spec), "--database-url", url], env={"COLUMNS": "400"})
+        assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output, result.output
