@@ -169,7 +169,7 @@ class Scores:
     size: int
     tied: int  # size of the table's tied set
     trials_to_tied: list[float]  # per seed; inf when not reached within the budget
-    regret: dict[int, list[float]]  # budget -> per seed
+    regret: dict[int, list[float]]  # budget -> per seed, for the BUDGETS the run's budget covers
     neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
     prior: bool = False  # whether the family's model steered the strategy
     peer_order: str | None = None  # a peer's listing of each parameter's values (PEER_ORDERS); None: not a peer
@@ -197,8 +197,9 @@ class Scores:
             # Per seed (null: not reached), so whether two strategies' medians differ beyond the seeds' own
             # spread can be tested from the report (head_to_head), not only read off two medians.
             "trials_to_tied": [t if math.isfinite(t) else None for t in self.trials_to_tied],
-            "median_regret": {str(b): float(np.median(v)) for b, v in self.regret.items()},
-            "max_regret": {str(b): float(np.max(v)) for b, v in self.regret.items()},
+            # null at a budget the run did not reach (--budget below it on a larger table): not measured
+            "median_regret": {str(b): float(np.median(v)) if (v := self.regret.get(b)) else None for b in BUDGETS},
+            "max_regret": {str(b): float(np.max(v)) if (v := self.regret.get(b)) else None for b in BUDGETS},
         }
 
 
@@ -257,8 +258,10 @@ def replay(
     (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`)."""
     check_peer_order(peer_order)  # a bad argument is the caller's error, not a peer's failure on this table
     budget = min(budget or max(BUDGETS), len(table.entries))
+    # The regret at N trials is only known for N within the budget, or when the budget measured the whole table.
+    covered = [b for b in BUDGETS if b <= budget or budget == len(table.entries)]
     tied = table.tied_with_best()
-    scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in BUDGETS})
+    scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in covered})
     scores.neighbours = len(neighbours) if warm_start else 0
     scores.prior = warm_start and prior is not None and strategy == "surrogate"
     scores.peer_order = peer_order if strategy.startswith(PEER_PREFIX) else None
@@ -270,12 +273,12 @@ def replay(
                 raise
             scores.error = f"seed {seed}: {type(exc).__name__}: {exc}"
             scores.trials_to_tied.clear()
-            scores.regret = {b: [] for b in BUDGETS}
+            scores.regret = {b: [] for b in covered}
             break
         hit, regret = score(table, sequence, tied)
         scores.trials_to_tied.append(hit)
-        for b, r in regret.items():
-            scores.regret[b].append(r)
+        for b in covered:
+            scores.regret[b].append(regret[b])
     return scores
 
 
@@ -444,7 +447,8 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
         "tied: configs statistically tied with the table's fastest (Mann-Whitney, 95%, over 1%); trials to tied: "
         "median over seeds of measured trials until one of them (in brackets the seeds' 25th-75th percentiles, "
         "'never': past the budget); regret@N: median over seeds of the recorded "
-        "median of the best config measured in N trials over the table's fastest (1.000 = no regret)"
+        "median of the best config measured in N trials over the table's fastest (1.000 = no regret; '-': N is "
+        "past the budget)"
     )
     versions = rows[0].get("versions") if rows else None
     if versions:
@@ -492,7 +496,11 @@ def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> 
             continue
         best = min(
             others,
-            key=lambda r: (r["median_trials_to_tied"], -int(r["reached"].split("/")[0]), r["median_regret"]["20"]),
+            key=lambda r: (
+                r["median_trials_to_tied"],
+                -int(r["reached"].split("/")[0]),
+                _or_inf(r["median_regret"]["20"]),
+            ),
         )
         ours, theirs = mine[0]["median_trials_to_tied"], best["median_trials_to_tied"]
         margin = theirs - ours if math.isfinite(ours) or math.isfinite(theirs) else 0.0
@@ -604,5 +612,12 @@ def _trials(value: float) -> str:
     return f"{value:g}" if math.isfinite(value) else "not reached"
 
 
-def _regret(value: float) -> str:
-    return f"{value:.3f}" if math.isfinite(value) else "-"
+def _regret(value: float | None) -> str:
+    """A regret cell: '-' where the run's budget did not reach it, 'none ok' where no config measured ran."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if math.isfinite(value) else "none ok"
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune.measure import tiled_dense
+from autotune.measure import Measurement, tiled_dense
 from autotune.replay import TABLES as TABLES_DIR
 from autotune.replay import RecordedTable, ReplayMeasurer, record_table
 from autotune.search import SearchOptions, run_search
@@ -84,6 +84,24 @@ def test_scores_count_trials_to_the_tied_set_and_regret_at_each_budget() -> None
     assert regret[20] == pytest.approx(10.5 / 10.0, rel=0.01)
     assert regret[40] == pytest.approx(10.05 / 10.0, rel=0.01)
     assert score(table, keys[3:43], tied) == (math.inf, {b: pytest.approx(5.0, rel=0.01) for b in BUDGETS})
+
+
+def test_regret_is_reported_only_at_budgets_the_run_reached() -> None:
+    """With --budget 15 on a larger table the regret at 20 and 40 trials was never measured: null, not the
+    regret at 15 under another name; a budget that measures the whole table knows every later regret."""
+    table = RecordedTable.load(TABLES_DIR / "cpu-demo.xla.json")
+    assert len(table.entries) > max(BUDGETS)
+    short = replay(table, "cpu-demo", "random", seeds=2, budget=15).summary()
+    assert short["median_regret"]["10"] is not None
+    assert short["median_regret"]["20"] is None and short["max_regret"]["40"] is None
+    assert None not in replay(table, "cpu-demo", "random", seeds=2, budget=40).summary()["median_regret"].values()
+    tiny = Workload("cpu", "xla", "float32", 1, 32, SparsityPattern(VideoLayout(2, 64), (HeadPattern.spatial(0),)))
+    configs = SearchSpace(tiny, "xla").enumerate()
+    assert len(configs) < max(BUDGETS)  # a budget of 100 measures all of them
+    timed = {c.key: 10.0 + i for i, c in enumerate(configs)}
+    small = _synthetic(RecordedTable(tiny, "xla", "cpu", {c.key: (c, Measurement("ok")) for c in configs}), timed)
+    whole = replay(small, "tiny", "random", seeds=1, budget=100).summary()["median_regret"]
+    assert whole["40"] == 1.0 and None not in whole.values()
 
 
 def test_warm_start_is_the_same_switch_for_every_strategy() -> None:
