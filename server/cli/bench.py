@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, no_tpu_device, out
+from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, no_tpu_device, out, print_json
 from server.cli.common import database_url as database_url_of
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
@@ -32,7 +32,7 @@ def _run(
     except errors as exc:
         raise fail(str(exc)) from None
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report)
     else:
         printer(report, out())
     return report
@@ -380,7 +380,7 @@ def bench_search_cmd(
                     err.print(f"[yellow]{name} failed on {path.name}: {escape(scores.error)}[/]")
                 rows.append({**scores.summary(), "versions": versions})
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return
     print_search_report(rows, out())
 

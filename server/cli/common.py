@@ -3,9 +3,11 @@ and the settings the commands read."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -67,6 +69,23 @@ def settings(database_url: str | None = None) -> Settings:
 def database_url(given: str | None) -> str:
     """``--database-url`` if given, else the service's setting (TILETUNE_DATABASE_URL or SQLite)."""
     return settings(given).database_url
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by None, through dicts, lists and tuples."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    """Print ``value`` as JSON that any parser reads: JSON has no infinity or NaN, so a figure that is not
+    finite (a median of seeds most of which never reached a tied config) is printed as null."""
+    print(json.dumps(finite(value), indent=2, allow_nan=False))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

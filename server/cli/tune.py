@@ -10,7 +10,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from server.cli.common import CoreOpt, DatabaseOpt, JsonOpt, checked_core, err, fail, no_tpu_device, out, speedups
+from server.cli.common import (
+    CoreOpt,
+    DatabaseOpt,
+    JsonOpt,
+    checked_core,
+    err,
+    fail,
+    no_tpu_device,
+    out,
+    print_json,
+    speedups,
+)
 from server.cli.common import database_url as database_url_of
 
 
@@ -126,7 +137,7 @@ def tune(
         ],
     }
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report)
         return
     console = out()
     table = Table("rank", "config", "median ms", "p10-p90 ms", "spread")

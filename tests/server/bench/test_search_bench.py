@@ -110,3 +110,18 @@ def test_a_record_too_short_to_tell_configs_apart_is_refused_before_any_compile(
     result = runner.invoke(cli, args)
     assert result.exit_code == 2 and "--rounds 4" in result.output and "at least 5" in result.output, result.output
     assert not out.exists()
+
+
+def test_json_output_is_strict_json_with_null_where_a_median_never_reached() -> None:
+    """JSON has no Infinity: a median of seeds most of which never reached a tied config is null, so the
+    report reads in jq or a browser, not only in Python."""
+
+    def refuse(constant: str) -> Any:
+        raise AssertionError(f"{constant} in --json output")
+
+    args = ["--sampler", "random", "--warm-start", "off", "--budget", "1", "--seeds", "3", "--json"]
+    result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], *args])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout, parse_constant=refuse)
+    assert row["reached"] == "0/3" and row["median_trials_to_tied"] is None
+    assert row["trials_to_tied"] == [None, None, None] and row["median_regret"]["40"] is None
