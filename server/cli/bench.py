@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, no_tpu_device, out, print_json
+from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, local_workload_or_exit, out, print_json
 from server.cli.common import database_url as database_url_of
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
@@ -293,7 +293,6 @@ def bench_search_cmd(
     """Record exhaustive tables (--record) or compare search strategies on them side by side (--replay TABLE...)."""
     from autotune.compare import MIN_RUNS
     from autotune.replay import RecordedTable, record_table
-    from kernel.attention import NoTpuDeviceError
     from server.bench.search import (
         check_peer_order,
         family_prior,
@@ -303,7 +302,6 @@ def bench_search_cmd(
         strategies,
     )
     from server.bench.search import replay as replay_table
-    from server.worker.tune import local_workload
 
     if tables and not replay:
         raise typer.BadParameter(f"tables {[str(t) for t in tables]} without --replay")
@@ -318,13 +316,7 @@ def bench_search_cmd(
                 f"--rounds {rounds}: a config is timed once per round, and fewer than {MIN_RUNS} runs cannot tell "
                 f"two configs apart (every config would be tied with the best); give at least {MIN_RUNS} (default 10)"
             )
-        try:
-            spec = json.loads(workload.read_text()) if workload else None
-            wl = local_workload(spec, preset, backend, None, 1)
-        except NoTpuDeviceError as exc:
-            raise no_tpu_device("bench search --record", exc.platform) from None
-        except (ValueError, OSError) as exc:  # a bad workload file names its field, never a traceback
-            raise fail(str(exc)) from None
+        wl = local_workload_or_exit("bench search --record", workload, preset, backend, None)
         with Progress(
             TextColumn("{task.fields[stage]}"),
             MofNCompleteColumn(),

@@ -14,7 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from autotune.compare import Speedup
+    from kernel.workload import Workload
     from server.settings import Settings
 
 # Progress, log lines and errors go to stderr (soft-wrapped: a log line stays whole in a file);
@@ -130,6 +133,26 @@ def ints(text: str | None, option: str) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise typer.BadParameter(f"{option} values must be >= 1")
     return values
+
+
+def local_workload_or_exit(
+    command: str, workload: Path | None, preset: str | None, backend: str, dtype: str | None
+) -> Workload:
+    """This machine's workload from ``--workload FILE`` or ``--preset`` (:func:`server.worker.tune.local_workload`),
+    for ``tiletune COMMAND``: a bad file (unreadable, not JSON, a wrong field) or ``--backend tpu`` without a TPU
+    is a one-line error and exit 2, before any compile, never a traceback."""
+    import json
+
+    from kernel.attention import NoTpuDeviceError
+    from server.worker.tune import local_workload
+
+    try:
+        spec = json.loads(workload.read_text()) if workload else None
+        return local_workload(spec, preset, backend, dtype, 1)
+    except NoTpuDeviceError as exc:
+        raise no_tpu_device(command, exc.platform) from None
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
 
 
 def no_tpu_device(command: str, platform: str) -> typer.Exit:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,7 +16,7 @@ from server.cli.common import (
     checked_core,
     err,
     fail,
-    no_tpu_device,
+    local_workload_or_exit,
     out,
     print_json,
     speedups,
@@ -55,20 +54,13 @@ def tune(
     from autotune.measure import MeasureOptions
     from autotune.samplers import SAMPLERS
     from autotune.search import SearchOptions
-    from kernel.attention import NoTpuDeviceError
-    from server.worker.tune import local_workload, tune_workload
+    from server.worker.tune import tune_workload
 
     if (preset is None) == (workload is None):
         raise typer.BadParameter("give exactly one of --preset or --workload")
     if sampler not in SAMPLERS:
         raise typer.BadParameter(f"--sampler must be one of {SAMPLERS}")
-    try:
-        spec = json.loads(workload.read_text()) if workload else None
-        wl = local_workload(spec, preset, backend, dtype, 1)
-    except NoTpuDeviceError as exc:
-        raise no_tpu_device("tune", exc.platform) from None
-    except (ValueError, OSError) as exc:
-        raise fail(str(exc)) from None
+    wl = local_workload_or_exit("tune", workload, preset, backend, dtype)
     url = database_url_of(database_url)
     err.print(f"tuning {wl.key} on {wl.device_kind} ({wl.backend}, {wl.dtype}): {wl.pattern.describe()}")
     progress = Progress(
