@@ -25,8 +25,8 @@ led on the eight tables it was chosen on but not on four tables recorded after
 it: on suffix-spatial-bf16 without a warm start it kept measuring ``naive``
 configs, whose times are flat, while the ``compact`` config next to its best
 was the fastest. With the local step every second trial it reached a tied config
-sooner on all four (README, "Tuning", has the figures, and the tables held out
-from this version).
+sooner on all four (``autotune/tables/README.md`` has the figures, and the tables
+held out from this version).
 
 Three hedges for a search with no family's model and for landscapes the features
 describe badly: without a family's model the fit starts from
