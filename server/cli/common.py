@@ -141,8 +141,6 @@ def local_workload_or_exit(
     """This machine's workload from ``--workload FILE`` or ``--preset`` (:func:`server.worker.tune.local_workload`),
     for ``tiletune COMMAND``: a bad file (unreadable, not JSON, a wrong field) or ``--backend tpu`` without a TPU
     is a one-line error and exit 2, before any compile, never a traceback."""
-    import json
-
     from kernel.attention import NoTpuDeviceError
     from server.worker.tune import local_workload
 
