@@ -21,9 +21,16 @@ import dataclasses
 import functools
 import importlib.util
 import os
+from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 TPU_EXTRA_HINT = "pip install -e '.[tpu]'"
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips' PCI vendor (also Google's virtual NIC and disks on GCE)
+# One local worker of a one-host slice: what libtpu would otherwise ask the TPU VM's metadata for.
+LOCAL_LIBTPU_ENV = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
+_LIBTPU_HOST_VARS = ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS", "TPU_ACCELERATOR_TYPE")
 
 
 class TpuCompilerUnavailableError(RuntimeError):
@@ -78,6 +85,41 @@ def require_libtpu() -> None:
         )
 
 
+def google_pci_device_present(pci_devices: Path | None = None) -> bool:
+    """Whether any PCI device of Google's vendor id is attached (under ``pci_devices``, default
+    :data:`PCI_DEVICES`): always on a TPU VM (its chips), also on other GCE VMs (virtual NIC, disks).
+    A host without one certainly has no TPU."""
+    for vendor in (pci_devices or PCI_DEVICES).glob("*/vendor"):
+        try:
+            if vendor.read_text().strip() == GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def quiet_libtpu_off_tpu(
+    environ: MutableMapping[str, str] | None = None, pci_devices: Path | None = None
+) -> dict[str, str]:
+    """On a host that certainly has no TPU, tell libtpu it is the one local worker of a one-host slice
+    (:data:`LOCAL_LIBTPU_ENV`), and return what was set.
+
+    Loading libtpu, for a compile-only target or when JAX probes its platforms, asks a TPU VM's metadata
+    for the slice's worker hostnames and host bounds; off a TPU VM it gets none and prints an
+    ``INVALID_ARGUMENT`` error and a "Failed to find host bounds" warning to stderr, which read like a
+    broken install though nothing is wrong (compile-only targets and the CPU work the same either way;
+    the compiled programs are identical). Call before libtpu loads (environment variables reach it only
+    then, and reach the processes started after). Nothing is set on a host with any Google PCI device
+    (a TPU VM, where libtpu must read the real slice; or another GCE VM, where it is left as it was)
+    or where the user set any of these variables."""
+    env = os.environ if environ is None else environ
+    if any(name in env for name in _LIBTPU_HOST_VARS) or google_pci_device_present(pci_devices):
+        return {}
+    for name, value in LOCAL_LIBTPU_ENV.items():
+        env[name] = value
+    return dict(LOCAL_LIBTPU_ENV)
+
+
 @functools.cache
 def target_device(name: str) -> Any:
     """A compile-only ``jax.Device`` of the generation ``name`` (device kind or generation),
@@ -88,6 +130,7 @@ def target_device(name: str) -> Any:
     # compile-only target owns no chip, so several compiling processes (a test run beside
     # a compile bench) may load it. Only set when the caller has not chosen.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    quiet_libtpu_off_tpu()
     from jax.experimental import topologies
 
     try:

@@ -20,9 +20,19 @@ from __future__ import annotations
 
 import typer
 
+from kernel.tpu_targets import quiet_libtpu_off_tpu
 from server.cli import bench, db, presets, query, report, serve, tokens, tune, up, worker
 
 app = typer.Typer(help="tiletune: autotuned tile configs for sparse video attention.", no_args_is_help=True)
+
+
+@app.callback()
+def startup() -> None:
+    """Before any command: off a TPU host, tell libtpu so, before JAX loads it in this process or in the
+    workers and compiling processes it starts (:func:`kernel.tpu_targets.quiet_libtpu_off_tpu`)."""
+    quiet_libtpu_off_tpu()
+
+
 app.command()(presets.presets)
 app.command()(up.up)
 app.command()(serve.serve)
