@@ -28,6 +28,8 @@ from typing import Any
 TPU_EXTRA_HINT = "pip install -e '.[tpu]'"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips' PCI vendor (also Google's virtual NIC and disks on GCE)
+DEVICE_FILES = Path("/dev")
+TPU_DEVICE_FILES = ("accel*", "vfio/[0-9]*")  # how a TPU VM's chips appear under DEVICE_FILES
 # One local worker of a one-host slice: what libtpu would otherwise ask the TPU VM's metadata for.
 LOCAL_LIBTPU_ENV = {"TPU_WORKER_HOSTNAMES": "localhost", "TPU_HOST_BOUNDS": "1,1,1"}
 _LIBTPU_HOST_VARS = ("TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS", "TPU_ACCELERATOR_TYPE")
@@ -85,21 +87,22 @@ def require_libtpu() -> None:
         )
 
 
-def google_pci_device_present(pci_devices: Path | None = None) -> bool:
-    """Whether any PCI device of Google's vendor id is attached (under ``pci_devices``, default
-    :data:`PCI_DEVICES`): always on a TPU VM (its chips), also on other GCE VMs (virtual NIC, disks).
-    A host without one certainly has no TPU."""
+def tpu_possibly_attached(pci_devices: Path | None = None, device_files: Path | None = None) -> bool:
+    """False only where this host certainly has no TPU: no PCI device of Google's vendor id (under
+    ``pci_devices``, default :data:`PCI_DEVICES`; a TPU VM's chips have it, as do a GCE VM's virtual NIC
+    and disks) and no device file a TPU's chips appear as (under ``device_files``, default
+    :data:`DEVICE_FILES`: ``accel*``, or numbered ``vfio`` groups on v5p and later)."""
     for vendor in (pci_devices or PCI_DEVICES).glob("*/vendor"):
         try:
             if vendor.read_text().strip() == GOOGLE_PCI_VENDOR:
                 return True
         except OSError:
             continue
-    return False
+    return any(any((device_files or DEVICE_FILES).glob(pattern)) for pattern in TPU_DEVICE_FILES)
 
 
 def quiet_libtpu_off_tpu(
-    environ: MutableMapping[str, str] | None = None, pci_devices: Path | None = None
+    environ: MutableMapping[str, str] | None = None, pci_devices: Path | None = None, device_files: Path | None = None
 ) -> dict[str, str]:
     """On a host that certainly has no TPU, tell libtpu it is the one local worker of a one-host slice
     (:data:`LOCAL_LIBTPU_ENV`), and return what was set.
@@ -111,9 +114,10 @@ def quiet_libtpu_off_tpu(
     the compiled programs are identical). Call before libtpu loads (environment variables reach it only
     then, and reach the processes started after). Nothing is set on a host with any Google PCI device
     (a TPU VM, where libtpu must read the real slice; or another GCE VM, where it is left as it was)
-    or where the user set any of these variables."""
+    or where the user set any of these variables; nor where a TPU's device files exist
+    (:func:`tpu_possibly_attached`)."""
     env = os.environ if environ is None else environ
-    if any(name in env for name in _LIBTPU_HOST_VARS) or google_pci_device_present(pci_devices):
+    if any(name in env for name in _LIBTPU_HOST_VARS) or tpu_possibly_attached(pci_devices, device_files):
         return {}
     for name, value in LOCAL_LIBTPU_ENV.items():
         env[name] = value
