@@ -80,8 +80,9 @@ def test_a_slice_the_user_described_is_left_alone(name: str, tmp_path: Path) -> 
 
 
 def test_every_command_quiets_libtpu_before_it_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in HOST_VARS:
-        monkeypatch.delenv(name, raising=False)
+    for name in HOST_VARS:  # set, then deleted: so the test's end restores each as it was, absent ones absent
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(tpu_targets, "PCI_DEVICES", fake_pci(tmp_path / "pci", ["0x10de"]))
     monkeypatch.setattr(tpu_targets, "DEVICE_FILES", fake_dev(tmp_path / "dev", ["null"]))
     result = CliRunner().invoke(cli, ["presets"])
