@@ -22,7 +22,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import httpx
@@ -33,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from server.bench.harness import Child, child_env, tiletune_command
 from server.cli.common import DatabaseOpt, err, speedups
 from server.cli.common import database_url as database_url_of
+from server.cli.signals import SignalRelay
 
 STOP_GRACE_S = 60.0  # a worker finishing its trial in flight, a server draining
 
@@ -119,11 +119,11 @@ def run_up(options: UpOptions, console: Console) -> int:
     stop = threading.Event()
     signals = {"n": 0}
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(_signum: int) -> None:  # in the relay thread (server.cli.signals), where setting an event is safe
         signals["n"] += 1
         stop.set()
 
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    relay = SignalRelay(on_signal)
     log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="tiletune-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     base_url = f"http://{options.host}:{options.port}"
@@ -200,8 +200,7 @@ def run_up(options: UpOptions, console: Console) -> int:
         if db is not None:
             db.dispose()
         _stop_children(children, signals, console)
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        relay.close()
 
 
 def _healthy(base_url: str) -> bool:

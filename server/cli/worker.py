@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -12,14 +11,17 @@ import typer
 from autotune.host_load import BUSY_ABOVE_CORES
 from server.cli.common import CoreOpt, DatabaseOpt, checked_core, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
+from server.cli.signals import SignalRelay
 
 
-def install_stop_signals(stop: Any, what: str) -> None:
+def install_stop_signals(stop: Any, what: str) -> SignalRelay:
     """SIGTERM / SIGINT: the first calls ``stop(False)`` (finish the trial in flight, give
-    the job back), the second ``stop(True)`` (abandon it now)."""
+    the job back), the second ``stop(True)`` (abandon it now); called from the relay thread
+    (:class:`server.cli.signals.SignalRelay`), not inside the handler, where ``stop`` setting
+    an event could deadlock."""
     seen = {"n": 0}
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         seen["n"] += 1
         name = signal.Signals(signum).name
         if seen["n"] == 1:
@@ -29,8 +31,7 @@ def install_stop_signals(stop: Any, what: str) -> None:
             err.print(f"{name}: abandoning the trial in flight")
             stop(True)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    return SignalRelay(on_signal)
 
 
 def worker(
