@@ -125,11 +125,12 @@ def worker(
         raise no_tpu_device("worker", exc.platform) from None
     except (ValueError, RuntimeError, OSError) as exc:
         raise fail(str(exc)) from None
-    install_stop_signals(lambda abandon: w.request_stop(abandon), "the worker")
+    relay = install_stop_signals(lambda abandon: w.request_stop(abandon), "the worker")
     try:
         outcomes = w.run()
     finally:
         w.close()
+        relay.close()  # the earlier handlers back: a caller running this command in-process keeps its own
     failed = [outcome for outcome in outcomes if outcome.status == "failed"]
     err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
 
@@ -163,11 +164,12 @@ def _compile_worker(
         w = CompileWorker(options, on_event=lambda kind, data: _print_compile_event(kind, data, quiet))
     except (TpuCompilerUnavailableError, ValueError, RuntimeError, OSError) as exc:
         raise fail(str(exc)) from None
-    install_stop_signals(lambda _abandon: w.request_stop(), "the compile worker")
+    relay = install_stop_signals(lambda _abandon: w.request_stop(), "the compile worker")
     try:
         jobs = w.run()
     finally:
         w.close()
+        relay.close()
     total = sum(j.compiled for j in jobs)
     err.print(f"compile worker {w.name} stopped after {total} verdict(s) on {len(jobs)} job(s)")
 

@@ -15,10 +15,17 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from autotune.replay import bundled_table
+from kernel.tpu_targets import TPU_EXTRA_HINT, libtpu_installed
+from server.cli import app as cli
 from server.cli.signals import SignalRelay
+
+TABLE = bundled_table("cpu-demo.xla.json")
 
 HELD = textwrap.dedent(
     """
@@ -96,3 +103,17 @@ def test_a_failing_callback_does_not_end_the_relay(capfd: pytest.CaptureFixture[
         os.kill(os.getpid(), signal.SIGTERM)
         assert second.wait(10), seen
     assert "first one fails" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("compile_only", [False, True])
+def test_a_worker_run_in_process_gives_the_signals_back(compile_only: bool, tmp_path: Path) -> None:
+    """`tiletune worker` relays SIGINT/SIGTERM while it runs and restores the caller's handlers when it ends."""
+    if compile_only and not libtpu_installed():
+        pytest.skip(f"the compile worker needs libtpu: {TPU_EXTRA_HINT}")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    url = f"sqlite:///{tmp_path / 'tiletune.db'}"
+    mode = ["--compile-only"] if compile_only else ["--backend", "replay", "--replay-table", str(TABLE)]
+    result = CliRunner().invoke(cli, ["worker", *mode, "--exit-when-idle", "--poll", "0.05", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    assert "stopped after 0" in result.output
+    assert {s: signal.getsignal(s) for s in before} == before
