@@ -69,9 +69,12 @@ def process_tree(root: int, table: dict[int, tuple[int, list[str]]]) -> set[int]
 
 
 def _tree_jiffies(proc: Path, root: int) -> int:
-    """utime + stime of ``root`` and all its descendants."""
+    """CPU time of ``root``'s tree: utime + stime of it and every live descendant, and cutime + cstime
+    of each (its children that ended and were waited for). Without the latter a child that ends while
+    it is watched, like a measuring process replaced by a fresh one, takes all the CPU time it ever
+    used out of the tree's total, and that time would be counted as other programs'."""
     table = process_table(proc)
-    return sum(int(table[pid][1][11]) + int(table[pid][1][12]) for pid in process_tree(root, table))
+    return sum(sum(int(x) for x in table[pid][1][11:15]) for pid in process_tree(root, table))
 
 
 def snapshot(proc: Path = PROC, root: int | None = None) -> Snapshot | None:

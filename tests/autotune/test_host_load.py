@@ -16,13 +16,14 @@ from autotune import measure
 from autotune.host_load import OtherLoad, Snapshot, core_busy, other_cores, snapshot
 
 
-def _fake_proc(root: Path, cpu: list[int], procs: dict[int, tuple[int, int, int]]) -> Path:
-    """A /proc with a ``cpu`` line and ``pid -> (ppid, utime, stime)`` processes."""
+def _fake_proc(root: Path, cpu: list[int], procs: dict[int, tuple[int, ...]]) -> Path:
+    """A /proc with a ``cpu`` line and ``pid -> (ppid, utime, stime[, cutime, cstime])`` processes."""
     root.mkdir(exist_ok=True)
     (root / "stat").write_text("cpu  " + " ".join(map(str, cpu)) + "\ncpu0 1 2 3\n")
-    for pid, (ppid, utime, stime) in procs.items():
+    for pid, (ppid, utime, stime, *waited) in procs.items():
         (root / str(pid)).mkdir(exist_ok=True)
-        rest = ["S", ppid, *[0] * 9, utime, stime, 0, 0]
+        cutime, cstime = waited or (0, 0)
+        rest = ["S", ppid, *[0] * 9, utime, stime, cutime, cstime, 20]
         (root / str(pid) / "stat").write_text(f"{pid} (a (strange) name) " + " ".join(map(str, rest)) + "\n")
     (root / "self").mkdir(exist_ok=True)  # not a pid: skipped
     return root
@@ -36,6 +37,14 @@ def test_the_machine_busy_time_and_the_process_tree_are_read_from_proc(tmp_path:
     found = snapshot(_fake_proc(tmp_path, cpu, procs), root=100)
     assert found is not None and (found.machine_busy, found.own) == (80, 55)
     assert snapshot(tmp_path / "missing", root=100) is None
+
+
+def test_the_time_of_children_that_ended_stays_the_trees(tmp_path: Path) -> None:
+    cpu = [50, 5, 20, 1000, 40, 3, 2, 7, 0, 0]
+    # 101 ended and 100 waited for it: its 32 jiffies are now 100's cutime + cstime (30 + 2).
+    before = snapshot(_fake_proc(tmp_path / "a", cpu, {100: (1, 10, 5), 101: (100, 30, 2)}), root=100)
+    after = snapshot(_fake_proc(tmp_path / "b", cpu, {100: (1, 10, 5, 30, 2)}), root=100)
+    assert before is not None and after is not None and before.own == after.own == 47
 
 
 def test_other_cores_is_the_busy_time_not_ours_per_second() -> None:
@@ -58,6 +67,29 @@ def test_a_busy_program_outside_the_process_tree_is_seen() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
     assert load.cores is not None and load.cores >= 0.4, load.cores
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads Linux /proc")
+def test_a_child_that_ends_while_watched_is_not_counted_as_another_program() -> None:
+    # A child of ours burns a second of CPU before the window opens and is waited for inside it (as
+    # the measuring process is when the winner's anchors move to a fresh one): no other program ran.
+    busy = "import time; end = time.process_time() + 1.0\nwhile time.process_time() < end: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _cpu_seconds(child.pid) < 1.0:
+            time.sleep(0.05)
+        with OtherLoad() as load:
+            child.communicate(b"\n", timeout=30)
+            time.sleep(0.5)
+    finally:
+        child.kill()
+    assert load.cores is not None and load.cores < 1.0, load.cores
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_each_cores_busy_share_is_read_from_its_cpu_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
