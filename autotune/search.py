@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import random
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import optuna
 
 from autotune.compare import Speedup, interleaved, speedup, tied_set
 from autotune.host_load import OtherLoad
-from autotune.measure import Measurement, RunStats
+from autotune.measure import ANCHORS, Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
 from autotune.surrogate import Ridge
@@ -42,6 +43,14 @@ class Measurer(Protocol):
     def measure(self, config: TileConfig, prune_above_ms: float | None = None) -> Measurement: ...
     def retime(self, config: TileConfig, runs: int) -> list[float]: ...
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]: ...
+
+
+@runtime_checkable
+class Restartable(Protocol):
+    """A measurer that can replace its measuring process by a fresh one
+    (:class:`autotune.supervisor.Supervisor`): the winner's speedups are pooled over processes."""
+
+    def restart(self) -> None: ...
 
 
 class Coordinator(Protocol):
@@ -72,6 +81,12 @@ class SearchOptions:
     top_k: int = 3
     retime_rounds: int = 5  # interleaved rounds of the finalists, then of the winner with its anchors
     retime_runs: int = 2  # runs per visit: retime_rounds x retime_runs runs each (10: enough for the tests)
+    # The winner and its anchors: anchor_rounds interleaved rounds in each of anchor_processes measuring
+    # processes (the search's own, then fresh ones, where the measurer can start them; otherwise all rounds
+    # in one). A speedup moves from one process to the next by more than its rounds vary within one, so
+    # the spread a user is shown pools the processes (README "Tuning").
+    anchor_processes: int = 3
+    anchor_rounds: int = 3
     # Finalists still tied after retime_rounds get this many more rounds before the tie is decided by work:
     # 10 runs each cannot tell apart configs 8% apart in 10% noise (cpu-demo, README "Tuning"). 0: none.
     resolve_rounds: int = 10
@@ -107,6 +122,7 @@ class SearchResult:
     repeated: int = 0
     # Cores other programs kept busy while the winner and its anchors were timed (autotune.host_load).
     others_cores: float | None = None
+    anchor_processes: int = 0  # measuring processes the winner and its anchors were timed in
 
     @property
     def dense_ms(self) -> float | None:
@@ -351,8 +367,11 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     3. The winner and its anchors (the library's dense attention, and the same
        backend's tiled dense at the winner's tiles) are timed in interleaved rounds:
        ``result.best_runs_ms`` and ``result.anchors``, so the speedup a user is shown
-       comes from runs taken side by side; ``result.others_cores`` says how busy the
-       machine was meanwhile (a load skews a speedup over dense: autotune.host_load).
+       comes from runs taken side by side. The rounds are split over
+       ``options.anchor_processes`` measuring processes (:func:`anchor_rounds`), so its
+       spread covers what separates one process from the next, which a re-run would
+       see. ``result.others_cores`` says how busy the machine was meanwhile (a load
+       skews a speedup over dense: autotune.host_load).
     """
     ok = sorted((t for t in result.trials if t.measurement.status == "ok"), key=lambda t: t.measurement.median_ms or 0)
     finalists = ok[: max(1, options.top_k)]
@@ -384,16 +403,42 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     result.tied = [t.config for t in tied]
     result.finalists = [(t.config, tuple(runs[t.number])) for t in finalists]
     with OtherLoad() as load:
-        anchored = interleaved(
-            ("winner", "dense", "tiled_dense"),
-            lambda name: (
-                measurer.retime(winner.config, options.retime_runs)
-                if name == "winner"
-                else measurer.anchor_runs(name, options.retime_runs, winner.config)
-            ),
-            options.retime_rounds,
-            options.seed + 1,
-        )
+        anchored, result.anchor_processes = anchor_rounds(winner.config, measurer, options)
     result.others_cores = load.cores
     result.best_runs_ms = tuple(anchored["winner"]) or tuple(runs[winner.number]) or winner.measurement.runs_ms
     result.anchors = {name: tuple(v) for name, v in anchored.items() if name != "winner" and v}
+
+
+def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions) -> tuple[dict[str, list[float]], int]:
+    """``config`` ("winner") and its anchors ("dense", "tiled_dense") timed in
+    ``anchor_processes x anchor_rounds`` interleaved rounds of ``retime_runs`` runs: ``anchor_rounds``
+    in the measurer's current process, then as many in each fresh one it starts (a :class:`Restartable`
+    measurer; any other times them all in one). Runs at the same index of two candidates were taken in
+    the same round, as :func:`autotune.compare.speedup` pairs them: a round in which a candidate lost
+    runs (its child crashed or hung) keeps as many of each as that one has. A fresh process that fails
+    to start ends the pooling with what was timed. Returns the runs by name and the processes used."""
+    restartable = measurer if isinstance(measurer, Restartable) else None
+    processes = max(1, options.anchor_processes) if restartable else 1
+    rounds = max(1, options.anchor_rounds) * (1 if restartable else max(1, options.anchor_processes))
+
+    def visit(name: str) -> list[float]:
+        if name == "winner":
+            return measurer.retime(config, options.retime_runs)
+        return measurer.anchor_runs(name, options.retime_runs, config)
+
+    pooled: dict[str, list[float]] = {name: [] for name in ("winner", *ANCHORS)}
+    order = random.Random(options.seed + 1)
+    used = 0
+    for p in range(processes):
+        if p and restartable is not None:
+            try:
+                restartable.restart()
+            except (RuntimeError, TimeoutError):
+                break
+        used += 1
+        for _ in range(rounds):
+            runs = interleaved(pooled, visit, 1, order.randrange(2**32))
+            whole = min(len(v) for v in runs.values())
+            for name, v in runs.items():
+                pooled[name].extend(v[:whole])
+    return pooled, used

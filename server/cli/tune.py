@@ -122,6 +122,7 @@ def tune(
             },
             "tuned_config_id": outcome.tuned_config_id,
             "others_cores": result.others_cores,
+            "anchor_processes": result.anchor_processes,
         },
         "top": [
             {"config": t.config.to_dict(), "median_ms": t.measurement.median_ms, "spread": t.measurement.spread}
@@ -157,7 +158,10 @@ def tune(
             f"{result.best.config.describe()} {best['median_ms']:.3f} ms, spread {best['spread']:.1%}{speed}; "
             f"stored as tuned config {outcome.tuned_config_id} of workload {outcome.workload_key}"
         )
-        console.print("median times of a trial come from its own runs; the winner's and its anchors' from rounds")
+        console.print(
+            "median times of a trial come from its own runs; the winner's and its anchors' from interleaved "
+            f"rounds in {result.anchor_processes} measuring process(es), their spreads pooled over them"
+        )
         if result.others_cores is not None and result.others_cores > BUSY_ABOVE_CORES:
             err.print(
                 f"[yellow]other programs kept {result.others_cores:.1f} cores busy while the winner and its anchors "

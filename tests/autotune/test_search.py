@@ -114,12 +114,80 @@ def test_a_tie_goes_to_less_padding_then_fewer_grid_steps() -> None:
 def test_the_winner_is_timed_beside_its_anchors() -> None:
     space = SearchSpace(WORKLOAD, "xla")
     measurer = FakeMeasurer()
-    result = run_search(space, measurer, SearchOptions(trials=12, seed=1, retime_rounds=4, retime_runs=3))
+    options = SearchOptions(trials=12, seed=1, retime_runs=3, anchor_processes=2, anchor_rounds=2)
+    result = run_search(space, measurer, options)
     assert set(result.anchors) == {"dense", "tiled_dense"}
+    # A measurer that cannot start a fresh process times all 2 x 2 rounds in its one.
     assert all(len(runs) == 12 for runs in result.anchors.values()) and len(result.best_runs_ms) == 12
-    assert result.dense_ms == 100.0 and result.anchor_ms("tiled_dense") == 100.0
+    assert result.dense_ms == 100.0 and result.anchor_ms("tiled_dense") == 100.0 and result.anchor_processes == 1
     winner = result.best.config if result.best else None
     assert sorted(measurer.anchored, key=str) == sorted([("dense", None), ("tiled_dense", winner)] * 4, key=str)
+
+
+@dataclasses.dataclass
+class ProcessesMeasurer(FakeMeasurer):
+    """A measurer whose processes differ: in process ``i`` the dense anchor takes ``dense_ms[i]``
+    (what separates two measuring processes on a CPU); ``restart`` starts the next one."""
+
+    dense_ms: tuple[float, ...] = (100.0, 110.0, 120.0)
+    process: int = 0
+    fail_restart_after: int | None = None
+    short_dense_in: int | None = None  # the process whose dense anchor loses a round (a crashed child)
+    dense_visits: int = 0
+
+    def restart(self) -> None:
+        if self.fail_restart_after is not None and self.process + 1 >= self.fail_restart_after:
+            raise RuntimeError("measuring process failed to start")
+        self.process += 1
+
+    def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+        super().anchor_runs(anchor, runs, config)
+        if anchor != "dense":
+            return [100.0] * runs
+        self.dense_visits += 1
+        if self.process == self.short_dense_in and self.dense_visits % 2 == 0:
+            return []
+        return [self.dense_ms[self.process]] * runs
+
+
+def test_the_winner_and_anchors_are_timed_in_fresh_processes_and_pooled() -> None:
+    from autotune.search import anchor_rounds
+
+    config = TileConfig(block_q=128, block_kv=128)
+    winner_ms = cost(config)
+    measurer = ProcessesMeasurer()
+    options = SearchOptions(retime_runs=2, anchor_processes=3, anchor_rounds=2)
+    runs, used = anchor_rounds(config, measurer, options)
+    assert measurer.process == 2 and used == 3  # the current process, then two fresh ones
+    assert {name: len(v) for name, v in runs.items()} == {"winner": 12, "dense": 12, "tiled_dense": 12}
+    assert sorted(set(runs["dense"])) == [100.0, 110.0, 120.0]
+    from autotune.compare import speedup
+
+    over = speedup(runs["dense"], runs["winner"])
+    assert over is not None
+    # The spread reaches from the slowest process's speedup to the fastest's: a re-run in any one of
+    # them lies inside it, which one process's rounds (all alike here) could not promise.
+    assert over.p10 == pytest.approx(100.0 / winner_ms) and over.p90 == pytest.approx(120.0 / winner_ms)
+
+
+def test_a_fresh_process_that_fails_to_start_ends_the_pooling() -> None:
+    from autotune.search import anchor_rounds
+
+    config = TileConfig(block_q=128, block_kv=128)
+    measurer = ProcessesMeasurer(fail_restart_after=2)
+    runs, used = anchor_rounds(config, measurer, SearchOptions(retime_runs=2, anchor_processes=3, anchor_rounds=2))
+    assert measurer.process == 1 and used == 2 and sorted(set(runs["dense"])) == [100.0, 110.0]
+    assert all(len(v) == 8 for v in runs.values())
+
+
+def test_a_process_that_lost_runs_keeps_only_whole_pairs() -> None:
+    from autotune.search import anchor_rounds
+
+    config = TileConfig(block_q=128, block_kv=128)
+    measurer = ProcessesMeasurer(short_dense_in=1)
+    runs, _ = anchor_rounds(config, measurer, SearchOptions(retime_runs=2, anchor_processes=3, anchor_rounds=2))
+    # In process 1 the dense anchor lost its second round: that round keeps no run of any candidate.
+    assert all(len(v) == 4 + 2 + 4 for v in runs.values())
 
 
 def test_heuristic_warm_start_and_seed_configs_come_first() -> None:

@@ -115,6 +115,8 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
         assert report["best"][speedup] == pytest.approx(expected, rel=0.01)
         low, high = report["best"]["speedup_p10_p90"][anchor]  # stated with its spread
         assert 0 < low <= high
+    # ... timed in the search's measuring process and two fresh ones, their runs pooled.
+    assert report["best"]["anchor_processes"] == 3
     history = CliRunner().invoke(cli, ["history", report["workload_key"], "--database-url", url, "--json"])
     items = json.loads(history.stdout)["items"]
     assert len(items) >= 4
