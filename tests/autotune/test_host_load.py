@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from autotune import measure
 from autotune.host_load import OtherLoad, Snapshot, core_busy, other_cores, snapshot
 
 
-def _fake_proc(root: Path, cpu: list[int], procs: dict[int, tuple[int, ...]]) -> Path:
+def _fake_proc(root: Path, cpu: list[int], procs: Mapping[int, tuple[int, ...]]) -> Path:
     """A /proc with a ``cpu`` line and ``pid -> (ppid, utime, stime[, cutime, cstime])`` processes."""
     root.mkdir(exist_ok=True)
     (root / "stat").write_text("cpu  " + " ".join(map(str, cpu)) + "\ncpu0 1 2 3\n")
