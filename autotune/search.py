@@ -79,7 +79,7 @@ class SearchOptions:
     seed: int = 0
     timeout_s: float | None = None  # whole-search time budget
     top_k: int = 3
-    retime_rounds: int = 5  # interleaved rounds of the finalists, then of the winner with its anchors
+    retime_rounds: int = 5  # interleaved rounds of the finalists (the winner and its anchors: anchor_rounds)
     retime_runs: int = 2  # runs per visit: retime_rounds x retime_runs runs each (10: enough for the tests)
     # The winner and its anchors: anchor_rounds interleaved rounds in each of anchor_processes measuring
     # processes (the search's own, then fresh ones, where the measurer can start them; otherwise all rounds
