@@ -415,8 +415,10 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
     in the measurer's current process, then as many in each fresh one it starts (a :class:`Restartable`
     measurer; any other times them all in one). Runs at the same index of two candidates were taken in
     the same round, as :func:`autotune.compare.speedup` pairs them: a round in which a candidate lost
-    runs (its child crashed or hung) keeps as many of each as that one has. A fresh process that fails
-    to start ends the pooling with what was timed. Returns the runs by name and the processes used."""
+    runs (its child crashed or hung) keeps as many of each as that one has. A candidate that returns no
+    runs before it ever returned any is one the measurer cannot time (a recorded table without that
+    anchor): it is left out, the others go on. A fresh process that fails to start ends the pooling
+    with what was timed. Returns the runs by name (empty for one left out) and the processes used."""
     restartable = measurer if isinstance(measurer, Restartable) else None
     processes = max(1, options.anchor_processes) if restartable else 1
     rounds = max(1, options.anchor_rounds) * (1 if restartable else max(1, options.anchor_processes))
@@ -426,7 +428,8 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
             return measurer.retime(config, options.retime_runs)
         return measurer.anchor_runs(name, options.retime_runs, config)
 
-    pooled: dict[str, list[float]] = {name: [] for name in ("winner", *ANCHORS)}
+    visiting = ["winner", *ANCHORS]
+    pooled: dict[str, list[float]] = {name: [] for name in visiting}
     order = random.Random(options.seed + 1)
     used = 0
     for p in range(processes):
@@ -437,7 +440,12 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
                 break
         used += 1
         for _ in range(rounds):
-            runs = interleaved(pooled, visit, 1, order.randrange(2**32))
+            runs = interleaved(list(visiting), visit, 1, order.randrange(2**32))
+            for name in [n for n in visiting if not runs[n] and not pooled[n]]:
+                visiting.remove(name)  # never timed yet: one the measurer cannot time (a table without it)
+                del runs[name]
+            if "winner" not in visiting:
+                return {name: [] for name in pooled}, used
             whole = min(len(v) for v in runs.values())
             for name, v in runs.items():
                 pooled[name].extend(v[:whole])

@@ -180,6 +180,20 @@ def test_a_fresh_process_that_fails_to_start_ends_the_pooling() -> None:
     assert all(len(v) == 8 for v in runs.values())
 
 
+def test_an_anchor_the_measurer_cannot_time_is_left_out_and_the_others_go_on() -> None:
+    from autotune.search import anchor_rounds
+
+    class NoTiledDense(ProcessesMeasurer):
+        def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
+            return [] if anchor == "tiled_dense" else super().anchor_runs(anchor, runs, config)
+
+    config = TileConfig(block_q=128, block_kv=128)
+    runs, used = anchor_rounds(
+        config, NoTiledDense(), SearchOptions(retime_runs=2, anchor_processes=3, anchor_rounds=2)
+    )
+    assert used == 3 and {name: len(v) for name, v in runs.items()} == {"winner": 12, "dense": 12, "tiled_dense": 0}
+
+
 def test_a_process_that_lost_runs_keeps_only_whole_pairs() -> None:
     from autotune.search import anchor_rounds
 
