@@ -77,6 +77,7 @@ def tuned_out(t: models.TunedConfig, key: str) -> TunedConfigOut:
             tiled_dense_ms=t.tiled_dense_ms,
             speedup_vs_tiled_dense=t.speedup_vs_tiled_dense,
             others_cores=t.others_cores,
+            speedup_p10_p90=t.speedup_p10_p90,
         ),
         versions=Versions(jax=t.jax_version, jaxlib=t.jaxlib_version, libtpu=t.libtpu_version),
         is_current=t.is_current,

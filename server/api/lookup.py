@@ -91,4 +91,5 @@ def timing_json(t: dict[str, Any]) -> dict[str, Any]:
         "tiled_dense_ms": t["tiled_dense_ms"],
         "speedup_vs_tiled_dense": over(t["tiled_dense_ms"]),
         "others_cores": t["others_cores"],
+        "speedup_p10_p90": t["speedup_p10_p90"],
     }

@@ -144,6 +144,11 @@ class TimingOut(BaseModel):
         description="Cores other programs kept busy while these were timed (null: not measured); above 0.25 a "
         "CPU speedup over dense reads low",
     )
+    speedup_p10_p90: dict[str, list[float]] | None = Field(
+        None,
+        description="The spread of the speedups by anchor ('dense', 'tiled_dense'): [p10, p90] of the ratios of "
+        "runs taken side by side, pooled over the measuring processes they were timed in (null: not measured)",
+    )
 
 
 class LookupResponse(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -120,6 +120,22 @@ def speedups(
     if tiled_dense_ms:
         parts.append(f"{over('tiled_dense', tiled_dense_ms)} over tiled dense (these tiles, all-dense pattern)")
     return ", " + " and ".join(parts) if parts else ""
+
+
+def stored_spread(
+    median_ms: float | None, anchors_ms: Mapping[str, float | None], p10_p90: Mapping[str, Sequence[float]] | None
+) -> dict[str, Speedup]:
+    """The speedups of a stored tuned config (or a worker's ``tuned`` event) with the spread kept beside them
+    (``speedup_p10_p90``), by anchor name, for :func:`speedups`: the ratio of the medians with the p10-p90
+    of the ratios of runs taken side by side. Anchors without a stored spread are left out."""
+    from autotune.compare import Speedup
+
+    out = {}
+    for name, anchor_ms in anchors_ms.items():
+        spread = (p10_p90 or {}).get(name)
+        if median_ms and anchor_ms and spread is not None and len(spread) == 2:
+            out[name] = Speedup(anchor_ms / median_ms, float(spread[0]), float(spread[1]))
+    return out
 
 
 def ints(text: str | None, option: str) -> tuple[int, ...]:

@@ -162,6 +162,9 @@ class TunedConfig(Base):
     tiled_dense_ms: Mapped[float | None] = mapped_column(Float)  # the same backend's tiles, all-dense pattern
     # Cores other programs kept busy while the winner and its anchors were timed (autotune.host_load).
     others_cores: Mapped[float | None] = mapped_column(Float)
+    # {"dense": [p10, p90], "tiled_dense": [p10, p90]}: the speedups' spread, per pair of runs taken side by
+    # side (autotune.compare.speedup); NULL where not measured.
+    speedup_p10_p90: Mapped[dict[str, list[float]] | None] = mapped_column(JSON)
     jax_version: Mapped[str] = mapped_column(String(32))
     jaxlib_version: Mapped[str] = mapped_column(String(32))
     libtpu_version: Mapped[str | None] = mapped_column(String(64))

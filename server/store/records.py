@@ -99,6 +99,7 @@ def publish_tuned_config(
     dense_ms: float | None = None,
     tiled_dense_ms: float | None = None,
     others_cores: float | None = None,
+    speedup_p10_p90: dict[str, list[float]] | None = None,
     trial: Trial | None = None,
 ) -> TunedConfig:
     """Make ``config`` the workload's current best; the previous one is kept, superseded.
@@ -127,6 +128,7 @@ def publish_tuned_config(
         dense_ms=dense_ms,
         tiled_dense_ms=tiled_dense_ms,
         others_cores=others_cores,
+        speedup_p10_p90=speedup_p10_p90 or None,
         jax_version=versions.get("jax") or "unknown",
         jaxlib_version=versions.get("jaxlib") or "unknown",
         libtpu_version=versions.get("libtpu"),

@@ -110,6 +110,7 @@ TUNED_COLUMNS = (
     TunedConfig.dense_ms,
     TunedConfig.tiled_dense_ms,
     TunedConfig.others_cores,
+    TunedConfig.speedup_p10_p90,
     TunedConfig.jax_version,
     TunedConfig.jaxlib_version,
     TunedConfig.libtpu_version,

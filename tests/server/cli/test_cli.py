@@ -47,6 +47,7 @@ def seed(url: str) -> str:
             dense_ms=30.0,
             tiled_dense_ms=12.0,
             others_cores=0.75,
+            speedup_p10_p90={"dense": [9.0, 11.5], "tiled_dense": [3.5, 4.25]},
             versions=VERSIONS,
             trial=trial,
         )
@@ -64,12 +65,15 @@ def test_serve_and_query_over_http(served: tuple[str, str]) -> None:
     timing = data["timing"]
     assert (timing["speedup"], timing["tiled_dense_ms"], timing["speedup_vs_tiled_dense"]) == (10.0, 12.0, 4.0)
     assert timing["others_cores"] == 0.75  # the load the anchors were timed under travels with them
-    human = runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--server", base])
-    assert "10.00x over jax.nn.dot_product_attention and 4.00x over tiled dense" in " ".join(human.stdout.split())
+    assert timing["speedup_p10_p90"] == {"dense": [9.0, 11.5], "tiled_dense": [3.5, 4.25]}  # and their spread
+    human = " ".join(runner.invoke(cli, ["lookup", "--preset", "cpu-demo", "--server", base]).stdout.split())
+    assert "10.00x (p10-p90 9.00-11.50) over jax.nn.dot_product_attention" in human
+    assert "4.00x (p10-p90 3.50-4.25) over tiled dense" in human
     listing = runner.invoke(cli, ["configs", "--server", base])
     assert key in listing.stdout
     items = json.loads(runner.invoke(cli, ["configs", "--server", base, "--json"]).stdout)["items"]
     assert [i["timing"]["others_cores"] for i in items if i["workload_key"] == key] == [0.75]
+    assert [i["timing"]["speedup_p10_p90"]["dense"] for i in items if i["workload_key"] == key] == [[9.0, 11.5]]
     history = runner.invoke(cli, ["history", key, "--server", base, "--json"])
     assert [t["status"] for t in json.loads(history.stdout)["items"]] == ["crashed", "ok"]
     missing = runner.invoke(cli, ["history", "0" * 32, "--server", base])
@@ -112,9 +116,10 @@ def test_a_worker_says_when_its_winner_was_timed_under_load(
     from server.cli.worker import _print_event
 
     event = {"job_id": 7, "config": "naive q64 kv64", "median_ms": 2.0, "dense_ms": 20.0, "tiled_dense_ms": 8.0}
-    _print_event("tuned", {**event, "tuned_config_id": 3, "others_cores": others}, quiet=False)
-    printed = capsys.readouterr().err
-    assert "job 7" in printed and "10.00x" in printed
+    spread = {"dense": [9.0, 11.0], "tiled_dense": [3.75, 4.25]}
+    _print_event("tuned", {**event, "tuned_config_id": 3, "others_cores": others, "speedup_p10_p90": spread}, False)
+    printed = " ".join(capsys.readouterr().err.split())
+    assert "job 7" in printed and "10.00x (p10-p90 9.00-11.00)" in printed and "4.00x (p10-p90 3.75-4.25)" in printed
     assert ("1.3 cores busy" in printed) == (others == 1.3)
 
 

@@ -117,6 +117,10 @@ def test_tune_command_stores_results(tmp_path: Any) -> None:
         assert 0 < low <= high
     # ... timed in the search's measuring process and two fresh ones, their runs pooled.
     assert report["best"]["anchor_processes"] == 3
+    # The tuned config keeps the spread the command showed.
+    configs = json.loads(CliRunner().invoke(cli, ["configs", "--database-url", url, "--json"]).stdout)["items"]
+    (stored,) = [c["timing"] for c in configs if c["workload_key"] == report["workload_key"]]
+    assert stored["speedup_p10_p90"] == report["best"]["speedup_p10_p90"]
     history = CliRunner().invoke(cli, ["history", report["workload_key"], "--database-url", url, "--json"])
     items = json.loads(history.stdout)["items"]
     assert len(items) >= 4

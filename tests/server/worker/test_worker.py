@@ -46,9 +46,9 @@ def test_worker_tunes_queued_jobs_and_publishes_the_best(database_url: str, db: 
     finally:
         worker.close()
     assert [(o.job_id, o.status) for o in outcomes] == [(i, "done") for i in ids]
-    tuned = [data for kind, data in events if kind == "tuned"]
+    tuned_events = [data for kind, data in events if kind == "tuned"]
     # A replay's figures come from its table: the machine's load is not reported against them.
-    assert [d["job_id"] for d in tuned] == ids and all(d["others_cores"] is None for d in tuned)
+    assert [d["job_id"] for d in tuned_events] == ids and all(d["others_cores"] is None for d in tuned_events)
     table = RecordedTable.load(TABLE)
     for job_id in ids:
         assert check_job_records(db, job_id, budget=8) == {worker.name: 8}
@@ -64,6 +64,13 @@ def test_worker_tunes_queued_jobs_and_publishes_the_best(database_url: str, db: 
             assert tuned is not None and tuned.trial_id is not None
             winner = session.get(models.Trial, tuned.trial_id)
             assert winner is not None and winner.job_id == job_id and winner.params == result.config
+            # The speedups' spread is kept as the worker announced it, for each anchor the table holds
+            # (not every table holds a tiled dense anchor for every winner), and it holds the median speedup.
+            (event,) = [d for d in tuned_events if d["job_id"] == job_id]
+            assert tuned.speedup_p10_p90 == event["speedup_p10_p90"] is not None
+            assert set(event["speedup_p10_p90"]) == {"dense"} | ({"tiled_dense"} if tuned.tiled_dense_ms else set())
+            low, high = tuned.speedup_p10_p90["dense"]
+            assert tuned.speedup is not None and low <= tuned.speedup <= high
             # The winner is one of the re-timed finalists: among the top three trials of the job.
             ranked = sorted((t.median_ms or 0, t.id) for t in finished_trials(db, job_id) if t.status == "ok")
             assert winner.id in [trial_id for _, trial_id in ranked[:3]]
