@@ -30,9 +30,10 @@ CPU clock does not, but a load on the other cores still slows a compute-bound
 kernel more than memory-bound dense attention, which no clock corrects
 (:mod:`autotune.host_load` measures such a load; README, "Tuning").
 
-Test seam: ``inject`` maps a params key to ``wrong``, ``nan``, ``crash``
-(SIGKILL of this process) or ``hang``, so the supervision can be tested on
-purpose-built failures.
+Test seam: ``inject`` maps a params key (or an anchor's, ``anchor:dense``) to
+``wrong``, ``nan``, ``crash`` (SIGKILL of this process), ``hang`` or ``error`` (an
+exception while compiling), so the supervision can be tested on purpose-built
+failures.
 """
 
 from __future__ import annotations
@@ -302,6 +303,8 @@ class WorkloadBench:
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "hang" and stage == "compile":
             time.sleep(10**6)
+        if action == "error" and stage == "compile":
+            raise RuntimeError(f"injected error compiling {key}")
         return action
 
     def _compile(self, config: TileConfig) -> tuple[Any, float, float]:
@@ -409,6 +412,7 @@ class WorkloadBench:
             raise ValueError(f"anchor must be one of {ANCHORS} (tiled_dense with a config), got {anchor!r}")
         compiled = self._compiled.get(key)
         if compiled is None:
+            self._inject(key, "compile")
             compiled = jax.jit(fn).lower(self.q, self.k, self.v).compile()
             self._remember(key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]

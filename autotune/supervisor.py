@@ -299,10 +299,14 @@ class Supervisor(SupervisedChild):
             return []
 
     def anchor_runs(self, anchor: str, runs: int, config: TileConfig | None = None) -> list[float]:
-        """Runs of an anchor (see :meth:`autotune.measure.WorkloadBench.anchor_runs`); [] after a crash or hang."""
+        """Runs of an anchor (see :meth:`autotune.measure.WorkloadBench.anchor_runs`); [] after a crash or hang,
+        and [] when it fails in the child: dense attention materialises the whole score matrix and may not
+        compile or run at a video's length, which must cost the tune that figure, not its winner."""
         payload = (anchor, runs, config.to_dict() if config else None)
         try:
             return list(self.call("anchor", payload, f"timing the {anchor} anchor"))
         except (ChildCrashedError, TimeoutError):
             self.restart()
+            return []
+        except RuntimeError:  # the child's own exception, the child still serving
             return []

@@ -149,3 +149,15 @@ def test_measurer_contract(kind: str, tmp_path: Path) -> None:
         assert set(result.anchors) == {"dense", "tiled_dense"}
     else:
         assert set(result.anchors) <= {"dense", "tiled_dense"}
+
+
+def test_an_anchor_the_device_cannot_run_answers_no_runs_and_the_child_goes_on() -> None:
+    """Dense attention materialises the whole score matrix and may fail to compile or run at a video's
+    length: the supervised measurer answers no runs for it (the winner's timing then leaves it out,
+    autotune.search.anchor_rounds) instead of an exception that would lose the whole tune."""
+    heuristic = heuristic_config(LIVE.pattern, "xla", LIVE.dtype)
+    with Supervisor(LIVE, "xla", OPTIONS, trial_timeout_s=120, inject={"anchor:dense": "error"}) as supervisor:
+        assert supervisor.measure(heuristic).status == "ok"
+        assert supervisor.anchor_runs("dense", 2) == []
+        assert len(supervisor.anchor_runs("tiled_dense", 2, heuristic)) >= 2
+        assert len(supervisor.retime(heuristic, 2)) == 2 and supervisor.restarts == 0
