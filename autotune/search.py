@@ -137,6 +137,10 @@ class SearchResult:
         """The winner's speedup over ``anchor``, pair by pair over the rounds they were timed in."""
         return speedup(self.anchors.get(anchor, ()), self.best_runs_ms)
 
+    def speedup_p10_p90(self) -> dict[str, list[float]]:
+        """``{anchor: [p10, p90]}`` of :meth:`speedup` for each anchor timed: the spread a tuned config keeps."""
+        return {name: [s.p10, s.p90] for name in ANCHORS if (s := self.speedup(name)) is not None}
+
     @property
     def best_stats(self) -> RunStats | None:
         """Statistics of the winner's re-timed runs."""

@@ -117,9 +117,7 @@ def tune(
             "tied_finalists": [c.to_dict() for c in result.tied],
             "speedup": _over(result.dense_ms, result.best_median_ms),
             "speedup_vs_tiled_dense": _over(result.anchor_ms("tiled_dense"), result.best_median_ms),
-            "speedup_p10_p90": {  # per pair of runs taken side by side (autotune.compare.speedup)
-                name: [s.p10, s.p90] for name in ("dense", "tiled_dense") if (s := result.speedup(name)) is not None
-            },
+            "speedup_p10_p90": result.speedup_p10_p90(),  # per pair of runs taken side by side
             "tuned_config_id": outcome.tuned_config_id,
             "others_cores": result.others_cores,
             "anchor_processes": result.anchor_processes,

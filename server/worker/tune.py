@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from autotune.measure import ANCHORS, MeasureOptions
+from autotune.measure import MeasureOptions
 from autotune.search import SearchOptions, SearchResult, TrialResult, run_search
 from autotune.space import SearchSpace
 from autotune.supervisor import Supervisor
@@ -144,16 +144,11 @@ def publish_winner(
         dense_ms=result.dense_ms,
         tiled_dense_ms=result.anchor_ms("tiled_dense"),
         others_cores=result.others_cores,
-        speedup_p10_p90=speedup_spread(result),
+        speedup_p10_p90=result.speedup_p10_p90(),
         versions=versions,
         trial=trial,
     )
     return tuned.id
-
-
-def speedup_spread(result: SearchResult) -> dict[str, list[float]]:
-    """The p10-p90 of ``result``'s speedups by anchor name (those timed), as a tuned config keeps them."""
-    return {name: [s.p10, s.p90] for name in ANCHORS if (s := result.speedup(name)) is not None}
 
 
 def local_workload(

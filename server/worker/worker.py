@@ -68,7 +68,7 @@ from server.worker.coordinator import (
     study_name,
     trial_result,
 )
-from server.worker.tune import family_prior, publish_winner, speedup_spread, warm_start_configs
+from server.worker.tune import family_prior, publish_winner, warm_start_configs
 
 log = logging.getLogger("tiletune.worker")
 
@@ -399,7 +399,7 @@ class Worker:
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
              "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
              "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id,
-             "others_cores": everyone.others_cores, "speedup_p10_p90": speedup_spread(everyone)},
+             "others_cores": everyone.others_cores, "speedup_p10_p90": everyone.speedup_p10_p90()},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 
