@@ -102,16 +102,22 @@ def speedups(
     dense_ms: float | None,
     tiled_dense_ms: float | None,
     spread: Mapping[str, Speedup | None] | None = None,
+    p10_p90: Mapping[str, Sequence[float]] | None = None,
 ) -> str:
     """A winner's speedups over its two anchors, named (both timed beside it in interleaved rounds),
-    with their p10-p90 spread where the runs are at hand (``spread`` by anchor name); empty when
-    neither anchor was timed."""
+    with their p10-p90 spread: from the runs where they are at hand (``spread`` by anchor name), else
+    as a tuned config keeps it (``p10_p90``, its ``speedup_p10_p90``: the ratio of the medians is shown
+    with it); empty when neither anchor was timed."""
+    from autotune.compare import Speedup
+
     if not median_ms:
         return ""
-    spread = spread or {}
+    spread, p10_p90 = spread or {}, p10_p90 or {}
 
     def over(name: str, anchor_ms: float) -> str:
-        measured = spread.get(name)
+        measured, kept = spread.get(name), p10_p90.get(name)
+        if measured is None and kept is not None and len(kept) == 2:
+            measured = Speedup(anchor_ms / median_ms, float(kept[0]), float(kept[1]))
         return str(measured) if measured is not None else f"{anchor_ms / median_ms:.2f}x"
 
     parts = []
@@ -120,22 +126,6 @@ def speedups(
     if tiled_dense_ms:
         parts.append(f"{over('tiled_dense', tiled_dense_ms)} over tiled dense (these tiles, all-dense pattern)")
     return ", " + " and ".join(parts) if parts else ""
-
-
-def stored_spread(
-    median_ms: float | None, anchors_ms: Mapping[str, float | None], p10_p90: Mapping[str, Sequence[float]] | None
-) -> dict[str, Speedup]:
-    """The speedups of a stored tuned config (or a worker's ``tuned`` event) with the spread kept beside them
-    (``speedup_p10_p90``), by anchor name, for :func:`speedups`: the ratio of the medians with the p10-p90
-    of the ratios of runs taken side by side. Anchors without a stored spread are left out."""
-    from autotune.compare import Speedup
-
-    out = {}
-    for name, anchor_ms in anchors_ms.items():
-        spread = (p10_p90 or {}).get(name)
-        if median_ms and anchor_ms and spread is not None and len(spread) == 2:
-            out[name] = Speedup(anchor_ms / median_ms, float(spread[0]), float(spread[1]))
-    return out
 
 
 def ints(text: str | None, option: str) -> tuple[int, ...]:

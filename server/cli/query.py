@@ -15,7 +15,7 @@ import httpx
 import typer
 from rich.table import Table
 
-from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out, speedups, stored_spread
+from server.cli.common import DatabaseOpt, JsonOpt, err, fail, out, speedups
 from server.cli.common import settings as settings_of
 
 ServerOpt = Annotated[str | None, typer.Option("--server", help="Query this server (e.g. http://127.0.0.1:8000)")]
@@ -132,9 +132,7 @@ def lookup(
     console.print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
     if data.get("timing"):
         t = data["timing"]
-        anchors = {"dense": t.get("dense_ms"), "tiled_dense": t.get("tiled_dense_ms")}
-        spread = stored_spread(t["median_ms"], anchors, t.get("speedup_p10_p90"))
-        speed = speedups(t["median_ms"], t.get("dense_ms"), t.get("tiled_dense_ms"), spread)
+        speed = speedups(t["median_ms"], t.get("dense_ms"), t.get("tiled_dense_ms"), p10_p90=t.get("speedup_p10_p90"))
         console.print(f"median {t['median_ms']:.3f} ms (p10 {t['p10_ms']}, p90 {t['p90_ms']}){speed}")
     if data.get("distance") is not None:
         console.print(f"nearest tuned workload {data['neighbour_key']} at distance {data['distance']}")

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from server.bench.harness import Child, child_env, tiletune_command
-from server.cli.common import DatabaseOpt, err, speedups, stored_spread
+from server.cli.common import DatabaseOpt, err, speedups
 from server.cli.common import database_url as database_url_of
 from server.cli.signals import SignalRelay
 
@@ -181,9 +181,9 @@ def run_up(options: UpOptions, console: Console) -> int:
                 with db.read_sessions() as session:
                     current = records.current_config(session, row.id)
                     assert current is not None
-                    anchors = {"dense": current.dense_ms, "tiled_dense": current.tiled_dense_ms}
-                    spread = stored_spread(current.median_ms, anchors, current.speedup_p10_p90)
-                    speed = speedups(current.median_ms, current.dense_ms, current.tiled_dense_ms, spread)
+                    speed = speedups(
+                        current.median_ms, current.dense_ms, current.tiled_dense_ms, p10_p90=current.speedup_p10_p90
+                    )
                     console.print(
                         f"[bold]tuned[/bold] {options.preset} in {time.monotonic() - start:.0f} s from start: "
                         f"{TileConfig.from_dict(current.config).describe()} {current.median_ms:.3f} ms{speed}"

@@ -9,16 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from autotune.host_load import BUSY_ABOVE_CORES
-from server.cli.common import (
-    CoreOpt,
-    DatabaseOpt,
-    checked_core,
-    err,
-    fail,
-    no_tpu_device,
-    speedups,
-    stored_spread,
-)
+from server.cli.common import CoreOpt, DatabaseOpt, checked_core, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
 from server.cli.signals import SignalRelay
 
@@ -205,9 +196,7 @@ def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
         ms = f"{d['median_ms']:.3f} ms" if d["median_ms"] is not None else "-"
         err.print(f"  job {d['job_id']} trial {d['number']}: {d['config']}: {d['status']} {ms}")
     elif kind == "tuned":
-        anchors = {"dense": d["dense_ms"], "tiled_dense": d.get("tiled_dense_ms")}
-        spread = stored_spread(d["median_ms"], anchors, d.get("speedup_p10_p90"))
-        speed = speedups(d["median_ms"], d["dense_ms"], d.get("tiled_dense_ms"), spread)
+        speed = speedups(d["median_ms"], d["dense_ms"], d.get("tiled_dense_ms"), p10_p90=d.get("speedup_p10_p90"))
         err.print(
             f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
             f"(tuned config {d['tuned_config_id']})"
