@@ -3,9 +3,9 @@
 The trials cover two variants x two layouts x four tile sizes (so the heatmap
 has small multiples), every failure status, a pruned trial with a partial
 median, and an invalid proposal (no trial number); the winner is published with
-a re-timed spread and a dense time. A finished job owns the trials; a second
-workload's job is running on one worker, with one trial measured and one being
-measured (status ``running``).
+a re-timed spread, both anchors' times and the speedups' kept spread. A finished
+job owns the trials; a second workload's job is running on one worker, with one
+trial measured and one being measured (status ``running``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from server.store.db import Database
 VERSIONS = {"jax": "0.10.2", "jaxlib": "0.10.2", "libtpu": None}
 BLOCKS = (32, 64, 128, 256)
 DENSE_MS = 240.0
+TILED_DENSE_MS = 80.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,11 @@ def seed_tuned_workload(db: Database, preset: str = "cpu-demo", device_kind: str
             p10_ms=ms * 0.96,
             p90_ms=ms * 1.08,
             dense_ms=DENSE_MS,
+            tiled_dense_ms=TILED_DENSE_MS,
+            speedup_p10_p90={  # as a tune keeps them: the pairs' p10-p90 around the ratio of the medians
+                anchor: [anchor_ms / (ms * 1.01) * 0.93, anchor_ms / (ms * 1.01) * 1.06]
+                for anchor, anchor_ms in (("dense", DENSE_MS), ("tiled_dense", TILED_DENSE_MS))
+            },
             versions=VERSIONS,
             trial=session.get(models.Trial, trial_id),
         )

@@ -17,7 +17,8 @@ CAPTIONS = {
     "heatmap": "Best time per block_q x block_kv cell, per variant and layout (the other parameters at their best).",
     "blockmap": "Tiles of each head class at the winning tile sizes: empty, partial (masked) and full, "
     "with and without the temporal-major permutation.",
-    "speedup": "The winner's speedup over dense attention (re-timed; whiskers p10-p90), beside the fastest trials.",
+    "speedup": "The winner's speedup over dense attention (re-timed beside it; whiskers p10-p90), "
+    "beside the fastest trials.",
 }
 
 HISTORY_SIZE = (900, 420)

@@ -470,7 +470,8 @@ SPEEDUP_OTHERS = 6
 
 
 def speedup_figure(record: TuningRecord) -> RenderedFigure:
-    """The winner's speedup over dense with its p10-p90 range, beside the fastest other ok trials."""
+    """The winner's speedup over dense with its p10-p90 range (the stored spread of its runs paired with
+    dense's when kept, else its runs over dense's median), beside the fastest other ok trials."""
     width, height = SPEEDUP_SIZE
     fig = _new_figure(width, height)
     ax = fig.add_subplot()
@@ -515,6 +516,14 @@ def speedup_figure(record: TuningRecord) -> RenderedFigure:
     speed = np.array([dense / m for _, m, _, _, _ in bars])
     low = np.array([dense / p90 for _, _, _, p90, _ in bars])  # slowest run -> smallest speedup
     high = np.array([dense / p10 for _, _, p10, _, _ in bars])
+    paired = tuned.speedup_spread("dense")
+    if paired is not None:  # the winner's own spread: each of its runs over the dense run beside it
+        # The bar is the ratio of the medians, the whiskers percentiles of the ratios of pairs: the first
+        # can fall outside the second when the spread is narrow, so the whiskers are stretched to reach it.
+        low[0], high[0] = min(paired[0], speed[0]), max(paired[1], speed[0])
+        whiskers = "whiskers: winner p10-p90 of runs paired with dense, others p10-p90 of their runs"
+    else:
+        whiskers = "whiskers: p10-p90 of the runs over dense's median"
     colours = ["#d62728" if w else "#4e79a7" for *_, w in bars]
     ax.barh(ys, speed, color=colours, alpha=0.85)
     ax.errorbar(speed, ys, xerr=[speed - low, high - speed], fmt="none", ecolor="black", capsize=4, linewidth=1)
@@ -523,7 +532,7 @@ def speedup_figure(record: TuningRecord) -> RenderedFigure:
     for y, s, lo, hi in zip(ys, speed, low, high, strict=True):
         ax.text(hi, y, f"  {s:.2f}x ({lo:.2f}-{hi:.2f})", va="center", fontsize=8)
     ax.set_yticks(ys, [label for label, *_ in bars], fontsize=8)
-    ax.set_xlabel(f"speedup over dense ({dense:.4g} ms); whiskers: p10-p90", fontsize=9)
+    ax.set_xlabel(f"speedup over dense ({dense:.4g} ms); {whiskers}", fontsize=9)
     ax.set_xlim(0, max(max(high) * 1.4, 1.5))
     title = f"winner {speed[0]:.2f}x faster than dense ({low[0]:.2f}-{high[0]:.2f}x over p10-p90)"
     ax.set_title(f"{title}\n{tuned.median_ms:.4g} ms vs dense {dense:.4g} ms; #n: trial in recorded order", fontsize=10)

@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from autotune.compare import Speedup
 from kernel.config import TileConfig
 from kernel.presets import PRESETS
 from kernel.workload import Workload
@@ -33,10 +34,6 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _speedup(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def _when(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
@@ -45,7 +42,7 @@ def _when(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-ENV.filters.update(ms=_ms, speedup=_speedup, when=_when)
+ENV.filters.update(ms=_ms, when=_when)
 
 
 def render(template: str, **context: Any) -> str:
@@ -89,14 +86,30 @@ def workload_summary(record: TuningRecord) -> dict[str, Any]:
     }
 
 
+def speedup_text(ratio: float | None, kept: Any) -> str:
+    """A stored speedup as the CLI prints it: the ratio of the medians with the p10-p90 of the pairs
+    of runs taken side by side when the tuned config kept it ("14.11x (p10-p90 13.66-14.78)"), the bare
+    ratio for a config stored without it, "-" when that anchor was not timed."""
+    if ratio is None:
+        return "-"
+    if kept is not None and len(kept) == 2:
+        return str(Speedup(ratio, float(kept[0]), float(kept[1])))
+    return f"{ratio:.2f}x"
+
+
 def tuned_timing(tuned: Any) -> dict[str, Any]:
-    """The timing fields of a tuned config that the pages show."""
+    """The timing fields of a tuned config (a stored row or a :class:`TunedPoint`) that the pages show,
+    the speedups over both named anchors with their kept spread."""
+    kept = tuned.speedup_p10_p90 or {}
     return {
         "median_ms": tuned.median_ms,
         "p10_ms": tuned.p10_ms,
         "p90_ms": tuned.p90_ms,
         "dense_ms": tuned.dense_ms,
+        "tiled_dense_ms": tuned.tiled_dense_ms,
         "speedup": tuned.speedup,
+        "speedup_dense": speedup_text(tuned.speedup, kept.get("dense")),
+        "speedup_tiled_dense": speedup_text(tuned.speedup_vs_tiled_dense, kept.get("tiled_dense")),
         "created_at": tuned.created_at,
     }
 

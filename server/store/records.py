@@ -175,10 +175,23 @@ class TunedPoint:
     p90_ms: float | None
     dense_ms: float | None
     created_at: Any
+    tiled_dense_ms: float | None = None
+    # The speedups' p10-p90 over pairs of runs taken side by side, by anchor ("dense", "tiled_dense");
+    # None for a config stored before migration 0007 or published without its anchors' runs.
+    speedup_p10_p90: dict[str, list[float]] | None = None
 
     @property
     def speedup(self) -> float | None:
         return self.dense_ms / self.median_ms if self.dense_ms and self.median_ms else None
+
+    @property
+    def speedup_vs_tiled_dense(self) -> float | None:
+        return self.tiled_dense_ms / self.median_ms if self.tiled_dense_ms and self.median_ms else None
+
+    def speedup_spread(self, anchor: str) -> tuple[float, float] | None:
+        """The stored p10-p90 of the speedup over ``anchor`` ("dense" or "tiled_dense"), if kept."""
+        kept = (self.speedup_p10_p90 or {}).get(anchor)
+        return (float(kept[0]), float(kept[1])) if kept is not None and len(kept) == 2 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +235,8 @@ class TuningRecord:
                 current.p90_ms,
                 current.dense_ms,
                 current.created_at,
+                current.tiled_dense_ms,
+                current.speedup_p10_p90,
             )
             if current is not None
             else None

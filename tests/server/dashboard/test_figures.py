@@ -105,6 +105,25 @@ def test_only_failures_and_a_foreign_config() -> None:
         figures.render(record, "nope")
 
 
+@pytest.mark.parametrize(
+    ("kept", "title"),
+    [
+        (None, "(2.31-2.46x over p10-p90)"),  # 78.6 ms over the winner's own runs: 34.0 and 31.9 ms
+        ({"dense": [2.2, 2.5], "tiled_dense": [1.1, 1.2]}, "(2.20-2.50x over p10-p90)"),
+        ({"dense": [2.5, 2.7]}, "(2.40-2.70x over p10-p90)"),  # the ratio of medians (2.40) below the pairs' p10
+    ],
+)
+def test_speedup_whiskers_are_the_kept_spread_of_paired_runs(kept: dict | None, title: str) -> None:
+    """The winner's whiskers are the stored p10-p90 of its runs paired with dense's when the tuned config kept
+    one (stretched to reach the bar, which is the ratio of the medians), else its own runs over dense's median."""
+    preset = get_preset("cpu-demo")
+    wl = Workload("cpu", "xla", "float32", 1, preset.head_dim, preset.pattern())
+    config = TileConfig("compact", 64, 64, 0, "temporal_major", "none", "by_pattern").to_dict()
+    tuned = TunedPoint(1, config, 32.8, 31.9, 34.0, 78.6, None, 40.0, kept)
+    fig = figures.render(TuningRecord(wl.key, wl, (), tuned), "speedup")
+    assert fig.title == f"winner 2.40x faster than dense {title}"
+
+
 def test_kernel_does_not_import_matplotlib() -> None:
     """DESIGN.md: kernel is pure JAX + numpy."""
     import subprocess

@@ -26,7 +26,7 @@ from server.settings import Settings
 from server.store import records, tokens, workloads
 from server.store.db import Database
 from tests.images import png_size
-from tests.seeding import Seeded, seed_tuned_workload
+from tests.seeding import DENSE_MS, VERSIONS, Seeded, seed_tuned_workload
 
 HTML = {"Accept": "text/html"}
 SAME_ORIGIN = {"Origin": "http://testserver"}  # TestClient's host
@@ -102,6 +102,31 @@ def test_workload_page_and_figures(client: TestClient, seeded: Seeded) -> None:
     only_failed = client.get(f"/ui/workloads/{seeded.key}?status=failed")
     assert only_failed.status_code == 200
     assert "RESOURCE_EXHAUSTED" in only_failed.text and "child killed" not in only_failed.text
+
+
+def test_both_speedups_are_shown_with_their_kept_spread(client: TestClient, db: Database, seeded: Seeded) -> None:
+    """The list and the workload page name both anchors and give each speedup's stored p10-p90 as the CLI
+    prints it; a config published without the spread shows the bare ratio, one without an anchor a dash."""
+    with db.transaction() as session:
+        row = workloads.find_workload(session, seeded.key)
+        assert row is not None
+        tuned = records.current_config(session, row.id)
+        assert tuned is not None and tuned.speedup and tuned.speedup_vs_tiled_dense and tuned.speedup_p10_p90
+        (d10, d90), (t10, t90) = tuned.speedup_p10_p90["dense"], tuned.speedup_p10_p90["tiled_dense"]
+        over_dense = f"{tuned.speedup:.2f}x (p10-p90 {d10:.2f}-{d90:.2f})"
+        over_tiled = f"{tuned.speedup_vs_tiled_dense:.2f}x (p10-p90 {t10:.2f}-{t90:.2f})"
+        median_ms, config = tuned.median_ms, tuned.config
+    configs = client.get("/ui").text.split('id="configs"')[1].split("</table>")[0]
+    assert f'<td class="num">{over_dense}</td><td class="num">{over_tiled}</td>' in configs
+    page = client.get(f"/ui/workloads/{seeded.key}").text
+    assert f"{over_dense} over jax.nn.dot_product_attention; {over_tiled} over tiled dense" in page
+    with db.transaction() as session:  # republished as a config stored before migration 0007 would be
+        row = workloads.find_workload(session, seeded.key)
+        assert row is not None
+        records.publish_tuned_config(session, row, config, median_ms=median_ms, dense_ms=DENSE_MS, versions=VERSIONS)
+    page = client.get(f"/ui/workloads/{seeded.key}").text
+    assert f"{DENSE_MS / median_ms:.2f}x over jax.nn.dot_product_attention; - over tiled dense" in page
+    assert f"p10-p90 {d10:.2f}" not in page
 
 
 def test_figures_are_cached_until_a_trial_is_added(client: TestClient, db: Database, seeded: Seeded) -> None:
