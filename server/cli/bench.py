@@ -9,10 +9,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, local_workload_or_exit, out, print_json
 from server.cli.common import database_url as database_url_of
+from server.cli.progress import logged_progress, status
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -27,8 +28,8 @@ def _run(
     """Run ``bench(opts, progress=...)`` with a status line, print its report (JSON or a table);
     a bench that cannot run is a usage error naming why."""
     try:
-        with err.status("benchmarking") as status:
-            report = bench(opts, progress=lambda msg: status.update(msg))
+        with status(err, "benchmarking") as line:
+            report = bench(opts, progress=lambda msg: line.update(msg))
     except errors as exc:
         raise fail(str(exc)) from None
     if as_json:
@@ -317,7 +318,7 @@ def bench_search_cmd(
                 f"two configs apart (every config would be tied with the best); give at least {MIN_RUNS} (default 10)"
             )
         wl = local_workload_or_exit("bench search --record", workload, preset, backend, None)
-        with Progress(
+        with logged_progress(
             TextColumn("{task.fields[stage]}"),
             MofNCompleteColumn(),
             BarColumn(),

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from server.cli.common import (
@@ -22,6 +22,7 @@ from server.cli.common import (
     speedups,
 )
 from server.cli.common import database_url as database_url_of
+from server.cli.progress import logged_progress
 
 
 def tune(
@@ -63,7 +64,7 @@ def tune(
     wl = local_workload_or_exit("tune", workload, preset, backend, dtype)
     url = database_url_of(database_url)
     err.print(f"tuning {wl.key} on {wl.device_kind} ({wl.backend}, {wl.dtype}): {wl.pattern.describe()}")
-    progress = Progress(
+    progress = logged_progress(
         TextColumn("trial"),
         MofNCompleteColumn(),
         BarColumn(),

@@ -27,11 +27,12 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from server.bench.harness import Child, child_env, tiletune_command
 from server.cli.common import DatabaseOpt, err, speedups
 from server.cli.common import database_url as database_url_of
+from server.cli.progress import logged_progress
 from server.cli.signals import SignalRelay
 
 STOP_GRACE_S = 60.0  # a worker finishing its trial in flight, a server draining
@@ -225,7 +226,7 @@ def _follow(
     """Show the job's progress until it ends (its final status) or we are stopped (None)."""
     from server.store import models, queue
 
-    progress = Progress(
+    progress = logged_progress(
         TextColumn("tuning"),
         MofNCompleteColumn(),
         BarColumn(),
@@ -233,6 +234,7 @@ def _follow(
         TextColumn("{task.fields[state]}"),
         TimeElapsedColumn(),
         console=console,
+        phase_fields=("state",),
     )
     task = progress.add_task("job", total=budget, best="best -", state="queued")
     with progress:
