@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 
 from server.cli.common import BenchDatabaseOpt, DatabaseOpt, err, fail, ints, local_workload_or_exit, out, print_json
 from server.cli.common import database_url as database_url_of
-from server.cli.progress import logged_progress, status
+from server.cli.progress import LoggedProgress, status
 
 bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -318,7 +318,7 @@ def bench_search_cmd(
                 f"two configs apart (every config would be tied with the best); give at least {MIN_RUNS} (default 10)"
             )
         wl = local_workload_or_exit("bench search --record", workload, preset, backend, None)
-        with logged_progress(
+        with LoggedProgress(
             TextColumn("{task.fields[stage]}"),
             MofNCompleteColumn(),
             BarColumn(),

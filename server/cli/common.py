@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 # Progress, log lines and errors go to stderr (soft-wrapped: a log line stays whole in a file);
 # results go to stdout, so `--json` output can be piped.
 err = Console(stderr=True, soft_wrap=True)
+# Off a terminal, the width a table or a progress line is rendered to (Rich's default there, 80 columns,
+# would cut a config's description short in a file or a pipe).
+FILE_WIDTH = 160
 
 DatabaseOpt = Annotated[
     str | None,
@@ -59,7 +62,7 @@ def checked_core(core: int | None) -> int | None:
 
 def out() -> Console:
     """The stdout console: the terminal's width, or wide tables when piped to a file."""
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return Console() if sys.stdout.isatty() else Console(width=FILE_WIDTH)
 
 
 def settings(database_url: str | None = None) -> Settings:

@@ -19,9 +19,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, ProgressColumn, TaskID
 
+from server.cli.common import FILE_WIDTH
+
 LINE_EVERY_S = 60.0  # the longest a bar stays silent off a terminal
 STEPS = 10  # off a terminal a bar prints a line each time it passes another 1/STEPS of its total
-LINE_WIDTH = 200  # off a terminal, the width a line may take before Rich shortens its text
 STATUS_EVERY_S = 5.0  # off a terminal, the least time between two status lines
 
 
@@ -66,19 +67,14 @@ class LoggedProgress(Progress):
             if not changed and now - at < self._every_s:
                 return
         self._last[task_id] = (now, step, total, phase)
-        # A log line is not a screen row: rendered LINE_WIDTH wide (Rich caps a print at the console's
+        # A log line is not a screen row: rendered FILE_WIDTH wide (Rich caps a print at the console's
         # width, 80 off a terminal), so the stage text is not cut short, then written unwrapped.
         buffer = io.StringIO()
-        Console(file=buffer, width=LINE_WIDTH, color_system=None, force_terminal=False).print(
+        Console(file=buffer, width=FILE_WIDTH, color_system=None, force_terminal=False).print(
             self.make_tasks_table([task])
         )
         line = buffer.getvalue().rstrip()
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-def logged_progress(*columns: str | ProgressColumn, console: Console, phase_fields: tuple[str, ...] = ()) -> Progress:
-    """The progress bar of a long command (see the module docstring for what it prints off a terminal)."""
-    return LoggedProgress(*columns, console=console, phase_fields=phase_fields)
 
 
 class _StatusLines:

@@ -22,7 +22,7 @@ from server.cli.common import (
     speedups,
 )
 from server.cli.common import database_url as database_url_of
-from server.cli.progress import logged_progress
+from server.cli.progress import LoggedProgress
 
 
 def tune(
@@ -64,7 +64,7 @@ def tune(
     wl = local_workload_or_exit("tune", workload, preset, backend, dtype)
     url = database_url_of(database_url)
     err.print(f"tuning {wl.key} on {wl.device_kind} ({wl.backend}, {wl.dtype}): {wl.pattern.describe()}")
-    progress = logged_progress(
+    progress = LoggedProgress(
         TextColumn("trial"),
         MofNCompleteColumn(),
         BarColumn(),

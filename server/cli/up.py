@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from server.bench.harness import Child, child_env, tiletune_command
 from server.cli.common import DatabaseOpt, err, speedups
 from server.cli.common import database_url as database_url_of
-from server.cli.progress import logged_progress
+from server.cli.progress import LoggedProgress
 from server.cli.signals import SignalRelay
 
 STOP_GRACE_S = 60.0  # a worker finishing its trial in flight, a server draining
@@ -226,7 +226,7 @@ def _follow(
     """Show the job's progress until it ends (its final status) or we are stopped (None)."""
     from server.store import models, queue
 
-    progress = logged_progress(
+    progress = LoggedProgress(
         TextColumn("tuning"),
         MofNCompleteColumn(),
         BarColumn(),
