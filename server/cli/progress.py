@@ -4,8 +4,10 @@ Rich draws bars and spinners live only on a terminal. Under ``nohup``, systemd, 
 :class:`rich.progress.Progress` prints its last state when it ends and nothing before, so an hour of
 ``tiletune bench search --record`` or a tune on a TPU VM looks hung. Off a terminal the helpers here print
 plain lines instead: a bar's row every tenth of its total, when its total changes (a new phase), when one
-of its named fields changes (a job's state), and at least once a minute; a status's message when it
-changes, at most one every few seconds. On a terminal they are Rich's own, unchanged.
+of its named fields changes (a job's state), at least once a minute, and once more when it stops if its
+last line is not its final state (in place of Rich's own final print, which would repeat that line); a
+status's message when it changes, at most one every few seconds. On a terminal they are Rich's own,
+unchanged.
 """
 
 from __future__ import annotations
@@ -40,33 +42,48 @@ class LoggedProgress(Progress):
         clock: Callable[[], float] = time.monotonic,
         **options: Any,
     ) -> None:
-        super().__init__(*columns, console=console, **options)
-        self._logged = not console.is_terminal
+        logged = not console.is_terminal
+        # Transient off a terminal: Rich then skips its final print; stop() prints the final state once.
+        super().__init__(*columns, console=console, **{**options, "transient": options.get("transient") or logged})
+        self._logged = logged
         self._phase_fields = phase_fields
         self._every_s = every_s
         self._steps = steps
         self._clock = clock
-        self._last: dict[TaskID, tuple[float, int, float | None, tuple[Any, ...]]] = {}
+        # per task: when its last line was printed, and the step, total, phase and completed it showed
+        self._last: dict[TaskID, tuple[float, int, float | None, tuple[Any, ...], float]] = {}
 
     def update(self, task_id: TaskID, **kwargs: Any) -> None:
         super().update(task_id, **kwargs)
         if self._logged:
             self._maybe_line(task_id)
 
-    def _maybe_line(self, task_id: TaskID) -> None:
+    def stop(self) -> None:
+        if not self._logged:
+            super().stop()
+            return
+        if self.live.is_started:
+            for task_id in list(self._tasks):
+                self._maybe_line(task_id, final=True)
+        # Not Progress.stop: off a terminal it prints a blank line after the final print it no longer makes.
+        self.live.stop()
+
+    def _maybe_line(self, task_id: TaskID, final: bool = False) -> None:
         with self._lock:
             task = self._tasks[task_id]
-            total = task.total
-            step = int(task.completed * self._steps // total) if total else 0
+            total, completed = task.total, task.completed
+            step = int(completed * self._steps // total) if total else 0
             phase = tuple(task.fields.get(f) for f in self._phase_fields)
         now = self._clock()
         last = self._last.get(task_id)
         if last is not None:
-            at, last_step, last_total, last_phase = last
+            at, last_step, last_total, last_phase, last_completed = last
             changed = step != last_step or total != last_total or phase != last_phase
-            if not changed and now - at < self._every_s:
+            if final:
+                changed = changed or completed != last_completed
+            if not changed and (final or now - at < self._every_s):
                 return
-        self._last[task_id] = (now, step, total, phase)
+        self._last[task_id] = (now, step, total, phase, completed)
         # A log line is not a screen row: rendered FILE_WIDTH wide (Rich caps a print at the console's
         # width, 80 off a terminal), so the stage text is not cut short, then written unwrapped.
         buffer = io.StringIO()

@@ -66,6 +66,26 @@ def test_off_a_terminal_a_bar_prints_a_line_per_tenth_phase_and_minute() -> None
     ]
 
 
+def test_off_a_terminal_a_bar_ends_on_its_final_state_printed_once() -> None:
+    """Rich's own final print off a terminal would repeat the last line; the bar prints the final state
+    itself, once, and only when its last line did not already show it."""
+    con, buffer = console(terminal=False)
+    bar = LoggedProgress(MofNCompleteColumn(), console=con, clock=Clock())
+    with bar:
+        task = bar.add_task("trials", total=40)
+        for done in range(1, 38):  # 1/40, then each tenth to 36/40; 37/40 not (the same tenth)
+            bar.update(task, completed=done)
+    assert buffer.getvalue().endswith("\n36/40\n37/40\n")
+
+    con, buffer = console(terminal=False)
+    bar = LoggedProgress(MofNCompleteColumn(), console=con, clock=Clock())
+    with bar:
+        task = bar.add_task("trials", total=40)
+        for done in range(1, 41):
+            bar.update(task, completed=done)
+    assert buffer.getvalue().endswith("\n36/40\n40/40\n")
+
+
 def test_on_a_terminal_the_bar_is_rich_s_own() -> None:
     lines = lines_while_running(terminal=True)
     assert not any("10/100" in line or "36/200" in line for line in lines)
