@@ -88,7 +88,7 @@ class SearchOptions:
     anchor_processes: int = 3
     anchor_rounds: int = 3
     # Finalists still tied after retime_rounds get this many more rounds before the tie is decided by work:
-    # 10 runs each cannot tell apart configs 8% apart in 10% noise (cpu-demo, README "Tuning"). 0: none.
+    # 10 runs each cannot tell apart configs 8% apart in 10% noise (cpu-demo, autotune/tables/README.md). 0: none.
     resolve_rounds: int = 10
     prune: bool = True
     prune_factor: float = 2.0

@@ -40,8 +40,8 @@ holding once a tile outgrows the device's fast memory, and where that is differs
 per device (on the CPU tables the fastest tiles are often the small ones); and
 every ``tpe_every``-th trial (from the second on) is TPE's proposal
 (multivariate, as ``tpe-plain``), which learns per dimension what the linear
-model has to learn as interactions. The README names the tables each version was
-chosen on and the ones recorded after it and held out.
+model has to learn as interactions. ``autotune/tables/README.md`` names the tables
+each version was chosen on and the ones recorded after it and held out.
 
 Everything is rebuilt on each ask from ``study.trials`` (measured values, and
 configs WAITING or RUNNING in other workers), so workers sharing one study

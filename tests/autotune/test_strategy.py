@@ -95,7 +95,7 @@ def test_default_strategy_regret_at_20_trials_is_at_most_3pct_on_every_table(pat
     the median of seeds 0-4 (the replay backend is deterministic). The closest is the ninth held-out
     round's spatial-suffix-8k-f32, at 1.0276 (every seed ends on the same config, tied with the fastest);
     before it mixed-prefix-3k-bf16, at 1.0202. Five seeds are fewer than the replay's twenty: over
-    twenty, prefix-temporal-band-3k-f32 ends at 1.053 with the warm start (the README says more)."""
+    twenty, prefix-temporal-band-3k-f32 ends at 1.053 with the warm start (autotune/tables/README.md says more)."""
     table = RecordedTable.load(path)
     fastest = table.best[1].median_ms
     assert fastest is not None
