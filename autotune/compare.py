@@ -114,3 +114,45 @@ def interleaved(
         for k in order:
             runs[k].extend(visit(k))
     return runs
+
+
+def interleaved_over_processes(
+    candidates: Iterable[K],
+    visit: Callable[[K], Sequence[V]],
+    rounds: int,
+    processes: int,
+    restart: Callable[[], None] | None,
+    seed: int = 0,
+) -> list[dict[K, list[V]]]:
+    """:func:`interleaved` rounds in each of ``processes`` measuring processes: ``rounds`` in the
+    current one, then ``restart()`` and as many in each fresh one. One list of runs per process.
+
+    A config's speed moves a little from one measuring process to the next: on cpu-demo, eight
+    fresh processes named three different configs the fastest, and 7 of their 48 verdicts on six
+    configs 0-3% apart disagreed with the verdict on all eight pooled; of the verdicts on three
+    processes pooled, 19 of 336 did (autotune/tables/README.md). Pooled runs decide what a re-run
+    sees.
+    Without ``restart`` (a measurer that cannot start a fresh process) every round is taken in
+    the current one. A fresh process that fails to start (RuntimeError, TimeoutError) ends the
+    pooling with the processes timed so far."""
+    keys = list(dict.fromkeys(candidates))
+    if restart is None:
+        return [interleaved(keys, visit, rounds * max(1, processes), seed)]
+    per_process: list[dict[K, list[V]]] = []
+    for p in range(max(1, processes)):
+        if p:
+            try:
+                restart()
+            except (RuntimeError, TimeoutError):
+                break
+        per_process.append(interleaved(keys, visit, rounds, seed + p))
+    return per_process
+
+
+def pooled(per_process: Sequence[Mapping[K, Sequence[V]]]) -> dict[K, list[V]]:
+    """The runs of each candidate over every process of :func:`interleaved_over_processes`."""
+    out: dict[K, list[V]] = {}
+    for runs in per_process:
+        for k, v in runs.items():
+            out.setdefault(k, []).extend(v)
+    return out

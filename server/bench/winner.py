@@ -6,9 +6,13 @@ decided here by measuring, not by looking it up: the winner (the workload's curr
 tuned config in the database, or one given) and every config of the table's tied set
 are compiled and checked against the reference in one supervised measuring child, as a
 tuning run measures, then timed in interleaved rounds (every candidate once per round,
-in a fresh order: :func:`autotune.compare.interleaved`). Each is compared with the one
-with the fastest median by :func:`autotune.compare.difference`: the winner succeeded
-when it is not reliably slower.
+in a fresh order: :func:`autotune.compare.interleaved`), in each of several fresh
+measuring processes (``processes``): a difference of 1-2% that one process shows can be
+gone in the next, so the verdict is taken on the runs of all of them pooled
+(:func:`autotune.compare.interleaved_over_processes`). Each is compared with the one
+with the fastest pooled median by :func:`autotune.compare.difference`: the winner
+succeeded when it is not reliably slower. Each row also says how it compared with that
+config in every process alone, so a reader sees whether a verdict holds process by process.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.compare import difference, interleaved
+from autotune.compare import difference, interleaved_over_processes, pooled
 from autotune.measure import MeasureOptions, RunStats
 from autotune.replay import RecordedTable
 from autotune.supervisor import Supervisor
@@ -31,8 +35,9 @@ class WinnerBenchOptions:
     table: Path
     database_url: str | None = None  # where the tuned winner is read (ignored with ``config``)
     config: TileConfig | None = None  # a winner given directly
-    rounds: int = 10
+    rounds: int = 10  # interleaved rounds in each measuring process
     runs: int = 2  # timed runs per visit
+    processes: int = 3  # measuring processes the rounds are taken in (the first, then fresh ones)
     seed: int = 0
 
 
@@ -87,15 +92,21 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
                 failed[key] = f"{measured.status}: {measured.error}"
         ok = [k for k in candidates if k not in failed]
         visits = {"n": 0}
+        total = len(ok) * opts.rounds * max(1, opts.processes)
 
         def visit(key: str) -> list[float]:
             visits["n"] += 1
-            say(f"timing in interleaved rounds {visits['n']}/{len(ok) * opts.rounds}")
+            say(f"timing in interleaved rounds {visits['n']}/{total}")
             return supervisor.retime(candidates[key], opts.runs)
 
-        runs = interleaved(ok, visit, opts.rounds, opts.seed)
+        def restart() -> None:
+            say("starting a fresh measuring process")
+            supervisor.restart()
+
+        per_process = interleaved_over_processes(ok, visit, opts.rounds, opts.processes, restart, opts.seed)
     if winner.key in failed:
         raise RuntimeError(f"the winner {winner.describe()} did not measure: {failed[winner.key]}")
+    runs = pooled(per_process)
     stats = {k: s for k in ok if (s := RunStats.of(runs[k])) is not None}
     order = sorted(stats, key=lambda k: stats[k].median_ms)
     fastest = order[0]
@@ -103,6 +114,7 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
     for key in order:
         s = stats[key]
         d = difference(runs[key], runs[fastest])
+        alone = [difference(p[key], p[fastest]) for p in per_process if p.get(key) and p.get(fastest)]
         table_ms = table.entries[key][1].median_ms if key in table.entries else None
         rows.append(
             {
@@ -116,6 +128,9 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
                 "ratio": d.ratio,
                 "p_value": d.p_value,
                 "tied": not (d.real and d.ratio > 1.0),
+                # Over the pooled fastest, in each process alone, and in how many it was reliably slower.
+                "process_ratios": [a.ratio for a in alone],
+                "slower_in_processes": sum(a.real and a.ratio > 1.0 for a in alone),
             }
         )
     verdict = next(r for r in rows if r["winner"])
@@ -126,6 +141,7 @@ def bench_winner(opts: WinnerBenchOptions, progress: Callable[[str], None] | Non
         "table_clock": table.clock,
         "rounds": opts.rounds,
         "runs_per_visit": opts.runs,
+        "processes": len(per_process),
         "tied_set": len(recorded),
         "failed": {candidates[k].describe(): why for k, why in failed.items()},
         "winner": winner.describe(),
@@ -147,8 +163,11 @@ def print_winner_report(report: dict[str, Any], console: Any) -> None:
         "over fastest",
         "p",
         "tied",
+        "over fastest, process by process",
         title=f"{report['table']}: winner beside the table's {report['tied_set']} tied configs, "
-        f"{report['rounds']} interleaved rounds of {report['runs_per_visit']} runs, {report['clock']} clock",
+        f"{report['rounds']} interleaved rounds of {report['runs_per_visit']} runs in each of "
+        f"{report['processes']} measuring process{'es' if report['processes'] != 1 else ''}, pooled; "
+        f"{report['clock']} clock",
     )
     for r in report["rows"]:
         recorded = f"{'yes' if r['in_table_tied_set'] else 'no'} ({r['table_ratio']:.3f})" if r["table_ratio"] else "-"
@@ -159,6 +178,7 @@ def print_winner_report(report: dict[str, Any], console: Any) -> None:
             f"{r['ratio']:.3f}",
             f"{r['p_value']:.3f}",
             "yes" if r["tied"] else "no",
+            _process_ratios(r),
         )
     console.print(table)
     for config, why in report["failed"].items():
@@ -171,3 +191,11 @@ def print_winner_report(report: dict[str, Any], console: Any) -> None:
         + ("tied with the fastest" if report["winner_tied"] else "reliably slower than the fastest")
         + f" ({ratio:.3f}x its median, p={p:.3f})"
     )
+
+
+def _process_ratios(row: dict[str, Any]) -> str:
+    ratios = row["process_ratios"]
+    if not ratios:
+        return "-"
+    spread = f"{min(ratios):.3f}-{max(ratios):.3f}" if len(ratios) > 1 else f"{ratios[0]:.3f}"
+    return f"{spread}, slower in {row['slower_in_processes']} of {len(ratios)}"

@@ -387,8 +387,13 @@ def bench_winner_cmd(
         str | None, typer.Option(help="The winner as a TileConfig JSON object (default: the database's tuned one)")
     ] = None,
     database_url: DatabaseOpt = None,
-    rounds: Annotated[int, typer.Option(min=2, help="Interleaved rounds (each times every candidate once)")] = 10,
+    rounds: Annotated[
+        int, typer.Option(min=2, help="Interleaved rounds in each measuring process (each times every candidate once)")
+    ] = 10,
     runs: Annotated[int, typer.Option(min=1, help="Timed runs per visit")] = 2,
+    processes: Annotated[
+        int, typer.Option(min=1, help="Measuring processes the rounds are taken in, pooled (the first, then fresh)")
+    ] = 3,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Re-time a tuned winner beside the configs a recorded table found tied with its fastest."""
@@ -405,7 +410,7 @@ def bench_winner_cmd(
         given = TileConfig.from_dict(json.loads(config)) if config is not None else None
     except (ValueError, TypeError, KeyError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
-    opts = WinnerBenchOptions(path, database_url_of(database_url), given, rounds, runs)
+    opts = WinnerBenchOptions(path, database_url_of(database_url), given, rounds, runs, processes)
     _run(bench_winner, opts, print_winner_report, as_json)
 
 

@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.compare import MIN_EFFECT, difference, interleaved, slower, speedup, tied_set
+from autotune.compare import (
+    MIN_EFFECT,
+    difference,
+    interleaved,
+    interleaved_over_processes,
+    pooled,
+    slower,
+    speedup,
+    tied_set,
+)
 
 
 def runs(median: float, spread: float, n: int, seed: int) -> list[float]:
@@ -75,3 +84,42 @@ def test_speedup_pairs_runs_taken_side_by_side() -> None:
     assert noisy is not None and noisy.p10 < noisy.median < noisy.p90 and noisy.median == pytest.approx(5.0)
     assert speedup([], [1.0]) is None and speedup([1.0], [0.0]) is None
     assert str(speedup([3.0, 3.0], [1.0, 1.0])) == "3.00x (p10-p90 3.00-3.00)"
+
+
+def test_rounds_over_processes_restart_between_processes_and_pool_in_order() -> None:
+    process = {"n": 0}
+    seen: list[tuple[int, str]] = []
+
+    def visit(k: str) -> list[tuple[int, str]]:
+        seen.append((process["n"], k))
+        return [(process["n"], k)]
+
+    def restart() -> None:
+        process["n"] += 1
+
+    per_process = interleaved_over_processes(["a", "b", "c"], visit, 4, 3, restart, seed=1)
+    assert process["n"] == 2 and len(per_process) == 3
+    for p, runs in enumerate(per_process):
+        # Every candidate is visited `rounds` times in each process, by that process only.
+        assert runs == {k: [(p, k)] * 4 for k in "abc"}
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen)  # a process's rounds are done before the next
+    assert pooled(per_process) == {k: [(p, k) for p in range(3) for _ in range(4)] for k in "abc"}
+
+
+def test_rounds_over_processes_without_a_restart_are_all_taken_in_one() -> None:
+    per_process = interleaved_over_processes(["a", "b"], lambda k: [k], 2, 3, None)
+    assert per_process == [{"a": ["a"] * 6, "b": ["b"] * 6}]
+
+
+@pytest.mark.parametrize("error", [RuntimeError("no device"), TimeoutError("no answer")])
+def test_a_fresh_process_that_fails_to_start_ends_the_pooling_with_what_was_timed(error: Exception) -> None:
+    starts = {"n": 0}
+
+    def restart() -> None:
+        starts["n"] += 1
+        if starts["n"] == 2:
+            raise error
+
+    per_process = interleaved_over_processes(["a", "b"], lambda k: [k], 2, 4, restart)
+    assert starts["n"] == 2 and len(per_process) == 2
+    assert pooled(per_process) == {"a": ["a"] * 4, "b": ["b"] * 4}

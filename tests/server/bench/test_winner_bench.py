@@ -33,16 +33,20 @@ def _table(tmp_path: Path) -> tuple[Path, RecordedTable, list[Any]]:
     return path, table, configs
 
 
-def _bench(*args: str) -> Any:
-    return runner.invoke(cli, ["bench", "winner", "--rounds", "3", "--runs", "1", "--json", *args])
+def _bench(*args: str, processes: int = 1, json_out: bool = True) -> Any:
+    options = ["--rounds", "2", "--runs", "1", "--processes", str(processes)]
+    return runner.invoke(cli, ["bench", "winner", *options, *(["--json"] if json_out else []), *args])
 
 
 def test_a_given_winner_is_timed_beside_the_tied_set_and_compared_with_the_fastest(tmp_path: Path) -> None:
     path, table, configs = _table(tmp_path)
     assert table.tied_with_best() == {configs[0].key, configs[1].key}
-    result = _bench("--table", str(path), "--config", json.dumps(configs[2].to_dict()))
+    result = _bench("--table", str(path), "--config", json.dumps(configs[2].to_dict()), processes=2)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
+    # Two rounds in each of two measuring processes: every row compared with the pooled fastest in each.
+    assert report["processes"] == 2
+    assert all(len(r["process_ratios"]) == 2 and r["slower_in_processes"] == 0 for r in report["rows"])
     rows = report["rows"]
     assert {r["config"] for r in rows} == {c.describe() for c in configs}
     assert [r["median_ms"] for r in rows] == sorted(r["median_ms"] for r in rows)  # fastest first
@@ -51,7 +55,7 @@ def test_a_given_winner_is_timed_beside_the_tied_set_and_compared_with_the_faste
     assert winner["config"] == report["winner"] == configs[2].describe()
     assert not report["winner_in_table_tied_set"] and winner["table_ratio"] == pytest.approx(3.0, rel=0.05)
     assert report["winner_tied"] == winner["tied"] and report["clock"] == "cpu" and report["tied_set"] == 2
-    # Three rounds of one run each cannot show a difference (autotune.compare.MIN_RUNS): all tie.
+    # Four runs pooled (two a process) cannot show a difference (autotune.compare.MIN_RUNS): all tie.
     assert all(r["tied"] and r["p_value"] == 1.0 for r in rows)
 
 
@@ -78,3 +82,19 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no shipped table" in result.output
     result = _bench("--table", str(path), "--config", "{not json")
     assert result.exit_code == 2 and "--config" in result.output
+
+
+def test_a_fresh_process_that_cannot_start_leaves_the_verdict_to_the_ones_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autotune.supervisor import Supervisor
+
+    def no_restart(self: Supervisor) -> None:
+        raise RuntimeError("measuring process failed to start")
+
+    monkeypatch.setattr(Supervisor, "restart", no_restart)
+    path, _, configs = _table(tmp_path)
+    result = _bench("--table", str(path), "--config", json.dumps(configs[0].to_dict()), processes=3, json_out=False)
+    assert result.exit_code == 0, result.output
+    assert "in each of 1 measuring process, pooled" in result.output
+    assert "winner compact" in result.output or "winner naive" in result.output
