@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import optuna
 
-from autotune.compare import Speedup, interleaved, speedup, tied_set
+from autotune.compare import Speedup, interleaved, interleaved_over_processes, pooled, speedup, tied_set
 from autotune.host_load import OtherLoad
 from autotune.measure import ANCHORS, Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
@@ -90,6 +90,9 @@ class SearchOptions:
     # Finalists still tied after retime_rounds get this many more rounds before the tie is decided by work:
     # 10 runs each cannot tell apart configs 8% apart in 10% noise (cpu-demo, autotune/tables/README.md). 0: none.
     resolve_rounds: int = 10
+    # ... spread over this many measuring processes (the search's, then fresh ones, where the measurer can
+    # start them): a 1-2% difference one process shows can be gone in the next (autotune.compare).
+    resolve_processes: int = 3
     prune: bool = True
     prune_factor: float = 2.0
     seed_configs: tuple[TileConfig, ...] = ()
@@ -123,6 +126,7 @@ class SearchResult:
     # Cores other programs kept busy while the winner and its anchors were timed (autotune.host_load).
     others_cores: float | None = None
     anchor_processes: int = 0  # measuring processes the winner and its anchors were timed in
+    resolve_processes: int = 0  # measuring processes the tied finalists' extra rounds were taken in (0: none)
 
     @property
     def dense_ms(self) -> float | None:
@@ -364,10 +368,12 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     1. The top ``options.top_k`` ok trials (by their first median) are re-timed in
        interleaved rounds (:func:`autotune.compare.interleaved`).
     2. The finalists tied with the fastest (:func:`autotune.compare.tied_set`) get
-       ``options.resolve_rounds`` more rounds and are compared once more on all their
-       runs; those still tied are ranked by less padding, then fewer grid steps, then
-       median: a tie is decided by the work a config does, not by which one happened
-       to run faster this time.
+       ``options.resolve_rounds`` more rounds, spread over ``options.resolve_processes``
+       measuring processes (:func:`autotune.compare.interleaved_over_processes`: what one
+       process alone calls a 1-2% difference, another may not), and are compared once
+       more on all their runs; those still tied are ranked by less padding, then fewer
+       grid steps, then median: a tie is decided by the work a config does, not by
+       which one happened to run faster this time.
     3. The winner and its anchors (the library's dense attention, and the same
        backend's tiled dense at the winner's tiles) are timed in interleaved rounds:
        ``result.best_runs_ms`` and ``result.anchors``, so the speedup a user is shown
@@ -391,9 +397,14 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
     tied_numbers = tied_set(runs)
     if len(tied_numbers) > 1 and options.resolve_rounds > 0:
         # One more look, at the tied ones only, then one decision on all their runs.
-        more = interleaved(tied_numbers, retime, options.resolve_rounds, options.seed + 2)
-        for n, extra in more.items():
+        restart = measurer.restart if isinstance(measurer, Restartable) else None
+        processes = max(1, options.resolve_processes) if restart is not None else 1
+        per_process = interleaved_over_processes(
+            tied_numbers, retime, -(-options.resolve_rounds // processes), processes, restart, options.seed + 2
+        )
+        for n, extra in pooled(per_process).items():
             runs[n].extend(extra)
+        result.resolve_processes = len(per_process)
         tied_numbers = tied_set({n: runs[n] for n in tied_numbers})
     tied = [by_number[n] for n in tied_numbers] or finalists
 

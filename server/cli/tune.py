@@ -122,6 +122,7 @@ def tune(
             "tuned_config_id": outcome.tuned_config_id,
             "others_cores": result.others_cores,
             "anchor_processes": result.anchor_processes,
+            "resolve_processes": result.resolve_processes,
         },
         "top": [
             {"config": t.config.to_dict(), "median_ms": t.measurement.median_ms, "spread": t.measurement.spread}
@@ -152,6 +153,8 @@ def tune(
         spread = {name: result.speedup(name) for name in ("dense", "tiled_dense")}
         speed = speedups(result.best_median_ms, result.dense_ms, result.anchor_ms("tiled_dense"), spread)
         tied = f", {len(result.tied)} of them tied within the noise" if len(result.tied) > 1 else ""
+        if result.resolve_processes:
+            tied += f"; the tied ones re-timed more in {result.resolve_processes} measuring process(es)"
         console.print(
             f"[bold]winner[/bold] (re-timed in interleaved rounds against the top {len(result.finalists)}{tied}): "
             f"{result.best.config.describe()} {best['median_ms']:.3f} ms, spread {best['spread']:.1%}{speed}; "

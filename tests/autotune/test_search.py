@@ -300,3 +300,45 @@ def test_finalists_tied_after_the_first_rounds_are_timed_more_before_work_breaks
         assert result.best is not None and result.best.config.key == winner.key, resolve
         assert all(len(r) == runs for _, r in result.finalists)
         assert len(result.tied) == (2 if resolve == 0 else 1)
+
+
+@dataclasses.dataclass
+class PlacementMeasurer(FakeMeasurer):
+    """Re-times ``retimed`` configs at their own speed in every measuring process but the first, where
+    all of them run alike: one process can hide a difference (or show one) that the next does not."""
+
+    process: int = 0
+
+    def restart(self) -> None:
+        self.process += 1
+
+    def retime(self, config: TileConfig, runs: int) -> list[float]:
+        if self.process == 0 and config.key in self.retimed:
+            return [min(self.retimed.values())] * runs
+        return super().retime(config, runs)
+
+
+def test_the_tied_finalists_extra_rounds_are_spread_over_fresh_processes() -> None:
+    """Two finalists 6% apart, alike in the search's own process: the extra rounds in fresh processes
+    show the difference, so the faster one wins; all rounds in one process would leave a tie that the
+    other one's lesser work would take."""
+    from kernel import candidates
+    from kernel.cost import grid_steps
+
+    space = SearchSpace(WORKLOAD, "xla")
+    first = run_search(space, FakeMeasurer(), SearchOptions(trials=30, seed=3, top_k=2))
+    a, b = (c for c, _ in first.finalists)
+    work = {c.key: (round(candidates.padding(WORKLOAD, c), 6), grid_steps(WORKLOAD.pattern, c, "xla")) for c in (a, b)}
+    less, more = sorted((a, b), key=lambda c: work[c.key])
+    retimed = {less.key: 10.6, more.key: 10.0}
+    for processes, winner in ((1, less), (3, more)):
+        options = SearchOptions(
+            trials=30, seed=3, top_k=2, retime_rounds=1, resolve_rounds=9, resolve_processes=processes
+        )
+        measurer = PlacementMeasurer(retimed=retimed)
+        result = run_search(space, measurer, options)
+        assert result.best is not None and result.best.config.key == winner.key, processes
+        assert result.resolve_processes == processes
+        # One round in the search's process, then the nine extra: all in it, or three in each of three.
+        assert all(len(r) == 2 + 18 for _, r in result.finalists)
+        assert measurer.process == (processes - 1) + 2  # fresh ones for the finalists, then two for the anchors
