@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Callable
@@ -82,7 +83,7 @@ class SearchOptions:
     retime_rounds: int = 5  # interleaved rounds of the finalists (the winner and its anchors: anchor_rounds)
     retime_runs: int = 2  # runs per visit: retime_rounds x retime_runs runs each (10: enough for the tests)
     # The winner and its anchors: anchor_rounds interleaved rounds in each of anchor_processes measuring
-    # processes (the search's own, then fresh ones, where the measurer can start them; otherwise all rounds
+    # processes (the current one, then fresh ones, where the measurer can start them; otherwise all rounds
     # in one). A speedup moves from one process to the next by more than its rounds vary within one, so
     # the spread a user is shown pools the processes (README "Tuning").
     anchor_processes: int = 3
@@ -399,9 +400,8 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
         # One more look, at the tied ones only, then one decision on all their runs.
         restart = measurer.restart if isinstance(measurer, Restartable) else None
         processes = max(1, options.resolve_processes) if restart is not None else 1
-        per_process = interleaved_over_processes(
-            tied_numbers, retime, -(-options.resolve_rounds // processes), processes, restart, options.seed + 2
-        )
+        each = math.ceil(options.resolve_rounds / processes)
+        per_process = interleaved_over_processes(tied_numbers, retime, each, processes, restart, options.seed + 2)
         for n, extra in pooled(per_process).items():
             runs[n].extend(extra)
         result.resolve_processes = len(per_process)
