@@ -131,9 +131,8 @@ def interleaved_over_processes(
     fresh processes named three different configs the fastest, and 7 of their 48 verdicts on six
     configs 0-3% apart disagreed with the verdict on all eight pooled; of the verdicts on three
     processes pooled, 19 of 336 did (autotune/tables/README.md). Pooled runs decide what a re-run
-    sees.
-    Without ``restart`` (a measurer that cannot start a fresh process) every round is taken in
-    the current one. A fresh process that fails to start (RuntimeError, TimeoutError) ends the
+    sees. Without ``restart`` (a measurer that cannot start a fresh process) every round is taken
+    in the current one. A fresh process that fails to start (RuntimeError, TimeoutError) ends the
     pooling with the processes timed so far."""
     keys = list(dict.fromkeys(candidates))
     if restart is None:
