@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -116,6 +116,20 @@ def interleaved(
     return runs
 
 
+def measuring_processes(processes: int, restart: Callable[[], None] | None) -> Iterator[int]:
+    """Yield 0, 1, ... for each measuring process to time in: the current one first, then
+    ``restart()`` before each fresh one, up to ``processes`` in all (one without ``restart``: a
+    measurer that cannot start a fresh process). A fresh process that fails to start
+    (RuntimeError, TimeoutError) ends the sequence: the caller keeps what it timed so far."""
+    for p in range(max(1, processes) if restart is not None else 1):
+        if p and restart is not None:
+            try:
+                restart()
+            except (RuntimeError, TimeoutError):
+                return
+        yield p
+
+
 def interleaved_over_processes(
     candidates: Iterable[K],
     visit: Callable[[K], Sequence[V]],
@@ -124,28 +138,19 @@ def interleaved_over_processes(
     restart: Callable[[], None] | None,
     seed: int = 0,
 ) -> list[dict[K, list[V]]]:
-    """:func:`interleaved` rounds in each of ``processes`` measuring processes: ``rounds`` in the
-    current one, then ``restart()`` and as many in each fresh one. One list of runs per process.
+    """:func:`interleaved` rounds in each of ``processes`` measuring processes
+    (:func:`measuring_processes`): ``rounds`` in the current one, then as many in each fresh one.
+    One list of runs per process.
 
     A config's speed moves a little from one measuring process to the next: on cpu-demo, eight
     fresh processes named three different configs the fastest, and 7 of their 48 verdicts on six
     configs 0-3% apart disagreed with the verdict on all eight pooled; of the verdicts on three
     processes pooled, 19 of 336 did (autotune/tables/README.md). Pooled runs decide what a re-run
-    sees. Without ``restart`` (a measurer that cannot start a fresh process) every round is taken
-    in the current one. A fresh process that fails to start (RuntimeError, TimeoutError) ends the
-    pooling with the processes timed so far."""
+    sees. Without ``restart`` every round is taken in the current one."""
     keys = list(dict.fromkeys(candidates))
     if restart is None:
         return [interleaved(keys, visit, rounds * max(1, processes), seed)]
-    per_process: list[dict[K, list[V]]] = []
-    for p in range(max(1, processes)):
-        if p:
-            try:
-                restart()
-            except (RuntimeError, TimeoutError):
-                break
-        per_process.append(interleaved(keys, visit, rounds, seed + p))
-    return per_process
+    return [interleaved(keys, visit, rounds, seed + p) for p in measuring_processes(processes, restart)]
 
 
 def pooled(per_process: Sequence[Mapping[K, Sequence[V]]]) -> dict[K, list[V]]:

@@ -27,7 +27,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import optuna
 
-from autotune.compare import Speedup, interleaved, interleaved_over_processes, pooled, speedup, tied_set
+from autotune.compare import (
+    Speedup,
+    interleaved,
+    interleaved_over_processes,
+    measuring_processes,
+    pooled,
+    speedup,
+    tied_set,
+)
 from autotune.host_load import OtherLoad
 from autotune.measure import ANCHORS, Measurement, RunStats
 from autotune.samplers import PENALTY_MS, make_sampler
@@ -435,7 +443,6 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
     anchor): it is left out, the others go on. A fresh process that fails to start ends the pooling
     with what was timed. Returns the runs by name (empty for one left out) and the processes used."""
     restartable = measurer if isinstance(measurer, Restartable) else None
-    processes = max(1, options.anchor_processes) if restartable else 1
     rounds = max(1, options.anchor_rounds) * (1 if restartable else max(1, options.anchor_processes))
 
     def visit(name: str) -> list[float]:
@@ -444,24 +451,20 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
         return measurer.anchor_runs(name, options.retime_runs, config)
 
     visiting = ["winner", *ANCHORS]
-    pooled: dict[str, list[float]] = {name: [] for name in visiting}
+    kept: dict[str, list[float]] = {name: [] for name in visiting}
     order = random.Random(options.seed + 1)
     used = 0
-    for p in range(processes):
-        if p and restartable is not None:
-            try:
-                restartable.restart()
-            except (RuntimeError, TimeoutError):
-                break
+    restart = restartable.restart if restartable is not None else None
+    for _ in measuring_processes(options.anchor_processes, restart):
         used += 1
         for _ in range(rounds):
             runs = interleaved(list(visiting), visit, 1, order.randrange(2**32))
-            for name in [n for n in visiting if not runs[n] and not pooled[n]]:
+            for name in [n for n in visiting if not runs[n] and not kept[n]]:
                 visiting.remove(name)  # never timed yet: one the measurer cannot time (a table without it)
                 del runs[name]
             if "winner" not in visiting:
-                return {name: [] for name in pooled}, used
+                return {name: [] for name in kept}, used
             whole = min(len(v) for v in runs.values())
             for name, v in runs.items():
-                pooled[name].extend(v[:whole])
-    return pooled, used
+                kept[name].extend(v[:whole])
+    return kept, used
