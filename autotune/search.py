@@ -442,8 +442,8 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
     runs before it ever returned any is one the measurer cannot time (a recorded table without that
     anchor): it is left out, the others go on. A fresh process that fails to start ends the pooling
     with what was timed. Returns the runs by name (empty for one left out) and the processes used."""
-    restartable = measurer if isinstance(measurer, Restartable) else None
-    rounds = max(1, options.anchor_rounds) * (1 if restartable else max(1, options.anchor_processes))
+    restart = measurer.restart if isinstance(measurer, Restartable) else None
+    rounds = max(1, options.anchor_rounds) * (1 if restart is not None else max(1, options.anchor_processes))
 
     def visit(name: str) -> list[float]:
         if name == "winner":
@@ -454,7 +454,6 @@ def anchor_rounds(config: TileConfig, measurer: Measurer, options: SearchOptions
     kept: dict[str, list[float]] = {name: [] for name in visiting}
     order = random.Random(options.seed + 1)
     used = 0
-    restart = restartable.restart if restartable is not None else None
     for _ in measuring_processes(options.anchor_processes, restart):
         used += 1
         for _ in range(rounds):
