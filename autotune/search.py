@@ -42,7 +42,6 @@ from autotune.samplers import PENALTY_MS, make_sampler
 from autotune.space import ParamCoding, SearchSpace
 from autotune.surrogate import Ridge
 from kernel.config import TileConfig
-from kernel.cost import grid_steps
 from kernel.heuristic import heuristic_config
 
 MAX_STALE_ASKS = 25
@@ -418,7 +417,7 @@ def pick_winner(result: SearchResult, measurer: Measurer, options: SearchOptions
 
     def cost(t: TrialResult) -> tuple[float, int, float]:
         stats = RunStats.of(runs[t.number])
-        steps = grid_steps(space.pattern, t.config, space.backend)
+        steps = space.grid_steps(t.config)
         return (round(space.padding(t.config), 6), steps, stats.median_ms if stats else float("inf"))
 
     winner = min(tied, key=cost)

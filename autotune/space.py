@@ -17,6 +17,7 @@ import optuna
 
 from kernel import candidates
 from kernel.config import TileConfig
+from kernel.cost import grid_steps
 from kernel.pattern import SparsityPattern
 from kernel.workload import Workload
 
@@ -63,6 +64,12 @@ class SearchSpace:
 
     def padding(self, config: TileConfig) -> float:
         return candidates.padding(self.workload, config)
+
+    def grid_steps(self, config: TileConfig) -> int:
+        """Tile visits of ``config`` (:func:`kernel.cost.grid_steps`) by the kernel version the
+        workload names: a recorded table's, when its backend is this space's."""
+        version = self.workload.kernel_version if self.workload.backend == self.backend else None
+        return grid_steps(self.pattern, config, self.backend, version)
 
     def candidates(self) -> list[TileConfig]:
         """Every point of the grid, valid or not."""

@@ -35,7 +35,6 @@ import numpy as np
 
 from autotune.space import SearchSpace
 from kernel.config import ALIGNS, HEAD_GROUPINGS, LAYOUTS, VARIANTS, TileConfig
-from kernel.cost import grid_steps
 from kernel.workload import Workload
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
@@ -61,8 +60,8 @@ def features(space: SearchSpace, configs: Sequence[TileConfig]) -> np.ndarray:
     pattern = space.pattern
     frame = pattern.layout.tokens_per_frame
     area = pattern.num_heads * float(pattern.seq_len) ** 2
-    steps = np.array([grid_steps(pattern, c, space.backend) for c in configs], dtype=float)
-    fewest = min((grid_steps(pattern, c, space.backend) for c in space.enumerate()), default=1)
+    steps = np.array([space.grid_steps(c) for c in configs], dtype=float)
+    fewest = min((space.grid_steps(c) for c in space.enumerate()), default=1)
     rows = []
     for config, n in zip(configs, steps, strict=True):
         # Column order is relied on by _STEPS_COLUMN and _WORK_COLUMN (structural_prior).

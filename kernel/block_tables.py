@@ -88,35 +88,51 @@ class BlockTables:
         nonempty = sum(t.num_tiles for t in self.heads)
         return {"tiles": total, "full": full, "partial": nonempty - full, "empty": total - nonempty}
 
+    def row_counts(self, full: bool | None = None) -> np.ndarray:
+        """int64 [H, nq]: each row's count of full (``True``), partial (``False``) or all (``None``) tiles."""
+        nq = self.num_q_blocks
+        out = np.zeros((self.num_heads, nq), np.int64)
+        for h, t in enumerate(self.heads):
+            rows = np.repeat(np.arange(nq), t.row_lengths())
+            out[h] = np.bincount(rows if full is None else rows[t.is_full == full], minlength=nq)
+        return out
+
     def padded_lists(
-        self, heads: list[int] | None = None, full: bool | None = None
+        self, heads: list[int] | None = None, full: bool | None = None, q_blocks: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows padded to the longest: (kv_index [H,nq,L], is_full [H,nq,L], valid [H,nq,L]).
 
         ``full=True``/``False`` keeps only full/partial tiles; ``None`` keeps both.
+        ``q_blocks`` keeps only those rows, in that order, padded to *their* longest.
         Padding entries repeat the row's last real kv block (so a TPU pipeline
         issues no new DMA for them) and have ``valid == False``.
         """
         heads = list(range(self.num_heads)) if heads is None else heads
         nq = self.num_q_blocks
+        picked = np.arange(nq) if q_blocks is None else np.asarray(q_blocks, np.int64)
+        position = np.full(nq, -1, np.int64)
+        position[picked] = np.arange(picked.shape[0])
+        n = picked.shape[0]
         per_head = []
         for h in heads:
             t = self.heads[h]
             keep = np.ones(t.num_tiles, bool) if full is None else (t.is_full == full)
-            rows = np.repeat(np.arange(nq), t.row_lengths())[keep]
-            per_head.append((rows, t.kv_index[keep], t.is_full[keep]))
-        length = max([int(np.bincount(r, minlength=nq).max(initial=0)) for r, _, _ in per_head] + [1])
-        kv = np.zeros((len(heads), nq, length), np.int32)
-        flags = np.zeros((len(heads), nq, length), bool)
-        valid = np.zeros((len(heads), nq, length), bool)
+            rows = position[np.repeat(np.arange(nq), t.row_lengths())]
+            keep &= rows >= 0
+            order = np.argsort(rows[keep], kind="stable")  # rows in ``q_blocks`` order, kv ascending within
+            per_head.append((rows[keep][order], t.kv_index[keep][order], t.is_full[keep][order]))
+        length = max([int(np.bincount(r, minlength=n).max(initial=0)) for r, _, _ in per_head] + [1])
+        kv = np.zeros((len(heads), n, length), np.int32)
+        flags = np.zeros((len(heads), n, length), bool)
+        valid = np.zeros((len(heads), n, length), bool)
         for out_h, (rows, kv_index, is_full) in enumerate(per_head):
-            counts = np.bincount(rows, minlength=nq)
+            counts = np.bincount(rows, minlength=n)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
             col = np.arange(rows.shape[0]) - starts[rows]
             kv[out_h, rows, col] = kv_index
             flags[out_h, rows, col] = is_full
             valid[out_h, rows, col] = True
-            last = np.where(counts > 0, kv[out_h, np.arange(nq), np.maximum(counts - 1, 0)], 0)
+            last = np.where(counts > 0, kv[out_h, np.arange(n), np.maximum(counts - 1, 0)], 0)
             pad = ~valid[out_h]
             kv[out_h][pad] = np.broadcast_to(last[:, None], pad.shape)[pad]
         return kv, flags, valid

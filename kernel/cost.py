@@ -9,30 +9,35 @@ the block tables, the way each backend walks them.
 
 from __future__ import annotations
 
-import numpy as np
-
 from kernel.attention import head_groups, prepare_group
 from kernel.block_tables import BlockTables
 from kernel.config import TileConfig
 from kernel.pattern import SparsityPattern
+from kernel.workload import KERNEL_VERSIONS
+from kernel.xla_backend import scan_plan
 
 
-def grid_steps(pattern: SparsityPattern, config: TileConfig, backend: str) -> int:
+def grid_steps(pattern: SparsityPattern, config: TileConfig, backend: str, kernel_version: str | None = None) -> int:
     """Tile visits of one batch element over all of ``config``'s kernel calls.
 
     - Pallas (``tpu``, ``interpret``): ``compact`` visits every non-empty tile once;
       ``naive`` and ``split`` run the dense grid (every tile, empty ones skipped inside).
-    - ``xla``: every row walks its kv list padded to the longest row of the call, once
-      for ``naive`` (full and partial tiles together), in two scans otherwise (full, partial).
+    - ``xla``: the scans of :func:`kernel.xla_backend.scan_plan`, each row padded to its
+      scan's longest. ``kernel_version`` (default: the backend's current one) counts what
+      that version walked: ``xla`` version 1 ran one scan per walk, every row padded to
+      the call's longest, and tables recorded on it are replayed with that count.
     """
+    version = kernel_version or KERNEL_VERSIONS[backend]
     total = 0
     for heads in head_groups(pattern, config):
         tables = prepare_group(pattern, heads, config)[2]
-        if backend == "xla":
+        if backend == "xla" and version == "1":
             if config.variant == "naive":
                 total += _padded_row_steps(tables, None)
             else:
                 total += _padded_row_steps(tables, True) + _padded_row_steps(tables, False)
+        elif backend == "xla":
+            total += sum(scan.steps(tables.num_heads) for scan in scan_plan(tables, config.variant))
         elif config.variant == "compact":
             total += max(1, sum(t.num_tiles for t in tables.heads))
         else:
@@ -42,11 +47,4 @@ def grid_steps(pattern: SparsityPattern, config: TileConfig, backend: str) -> in
 
 def _padded_row_steps(tables: BlockTables, full: bool | None) -> int:
     """heads x q-blocks x the longest row's count of (full / partial / all) non-empty tiles."""
-    nq = tables.num_q_blocks
-    longest = 0
-    for t in tables.heads:
-        rows = np.repeat(np.arange(nq), t.row_lengths())
-        keep = rows if full is None else rows[t.is_full == full]
-        if keep.size:
-            longest = max(longest, int(np.bincount(keep, minlength=nq).max()))
-    return tables.num_heads * nq * longest
+    return tables.num_heads * tables.num_q_blocks * int(tables.row_counts(full).max(initial=0))

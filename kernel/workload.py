@@ -24,14 +24,17 @@ from typing import Any, Literal, get_args
 
 from kernel.pattern import SparsityPattern
 
-# Bump when a kernel change can change which config is fastest: tuned results of
-# another kernel version then belong to another workload key.
-KERNEL_VERSION = "1"
-
 # The concrete backends a workload is tuned and served for (the kernel also takes
 # "auto", which resolves to one of these on the machine at hand).
 Backend = Literal["tpu", "xla", "interpret"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
+
+# The kernel's version, per backend. Bump a backend's version when a change to the
+# code it runs can change which config is fastest there: its tuned results of
+# another version then belong to another workload key, and the other backends'
+# keys stay. ``tpu`` and ``interpret`` run the one Pallas kernel.
+# xla 2: a walk splits its rows into scans by list length (kernel.xla_backend.scan_plan).
+KERNEL_VERSIONS: dict[str, str] = {"tpu": "1", "interpret": "1", "xla": "2"}
 Dtype = Literal["float32", "bfloat16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 MAX_BATCH = 4096
@@ -48,13 +51,17 @@ class Workload:
     batch: int
     head_dim: int
     pattern: SparsityPattern
-    kernel_version: str = KERNEL_VERSION
+    kernel_version: str = ""  # empty: the backend's current version (KERNEL_VERSIONS)
 
     def __post_init__(self) -> None:
         if not isinstance(self.device_kind, str) or not self.device_kind.strip() or len(self.device_kind) > 64:
             raise ValueError("device_kind must be a non-empty string of at most 64 characters")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not self.kernel_version:
+            object.__setattr__(self, "kernel_version", KERNEL_VERSIONS[self.backend])
+        if not isinstance(self.kernel_version, str):
+            raise ValueError(f"kernel_version must be a string, got {self.kernel_version!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name, hi in (("batch", MAX_BATCH), ("head_dim", MAX_HEAD_DIM)):
@@ -135,7 +142,7 @@ class Workload:
             data["batch"],
             head_dim,
             pattern,
-            data.get("kernel_version", KERNEL_VERSION),
+            data.get("kernel_version", ""),
         )
 
     def features(self) -> dict[str, float]:

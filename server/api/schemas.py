@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from kernel.layout import MAX_SEQ_LEN
 from kernel.presets import PRESETS
-from kernel.workload import KERNEL_VERSION, MAX_BATCH, MAX_HEAD_DIM, Backend, Dtype, Workload
+from kernel.workload import MAX_BATCH, MAX_HEAD_DIM, Backend, Dtype, Workload
 from server.settings import MAX_HEADS
 
 MAX_ID = 2**31 - 1  # ids (jobs, tuned configs, snapshots): INTEGER, int4 on PostgreSQL
@@ -77,7 +77,9 @@ class WorkloadSpec(BaseModel):
     preset: str | None = Field(None, max_length=64, pattern=NO_NUL, description=f"One of {', '.join(PRESETS)}")
     heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="Optional check: must equal the pattern's heads")
     seq_len: int | None = Field(None, ge=1, le=MAX_SEQ_LEN, description="Optional check: must equal F*P + T")
-    kernel_version: str = Field(KERNEL_VERSION, min_length=1, max_length=16, pattern=NO_NUL)
+    kernel_version: str | None = Field(
+        None, min_length=1, max_length=16, pattern=NO_NUL, description="Default: the backend's current kernel version"
+    )
 
     _workload: Workload | None = PrivateAttr(None)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, and_, delete, exists, func, insert, or_, select, text, update
@@ -202,36 +202,56 @@ def fail_abandoned_jobs(session: Session) -> int:
     return failed
 
 
-def _candidates(now: dt.datetime, worker: str, device_kind: str, backend: str) -> Any:
+def _candidates(
+    now: dt.datetime, worker: str, device_kind: str, backend: str, kernel_versions: Collection[str] | None
+) -> Any:
+    where = [WorkloadRow.device_kind == device_kind, WorkloadRow.backend == backend, _claimable(now, worker)]
+    if kernel_versions is not None:
+        where.append(WorkloadRow.kernel_version.in_(sorted(kernel_versions)))
     return (
         select(Job.id)
         .join(WorkloadRow, WorkloadRow.id == Job.workload_id)
-        .where(WorkloadRow.device_kind == device_kind, WorkloadRow.backend == backend, _claimable(now, worker))
+        .where(*where)
         .order_by(Job.priority.desc(), Job.id)
         .limit(1)
     )
 
 
-def has_claimable(session: Session, worker: str, *, device_kind: str, backend: str) -> bool:
+def has_claimable(
+    session: Session,
+    worker: str,
+    *,
+    device_kind: str,
+    backend: str,
+    kernel_versions: Collection[str] | None = None,
+) -> bool:
     """Whether a job is there for ``worker`` to claim, locked by another claim right now or not
     (a claim that skipped a locked row found nothing, but the queue is not empty)."""
-    return session.scalar(_candidates(utcnow(), worker, device_kind, backend)) is not None
+    return session.scalar(_candidates(utcnow(), worker, device_kind, backend, kernel_versions)) is not None
 
 
 def claim_job(
-    session: Session, worker: str, *, device_kind: str, backend: str, lease_s: float = DEFAULT_LEASE_S
+    session: Session,
+    worker: str,
+    *,
+    device_kind: str,
+    backend: str,
+    kernel_versions: Collection[str] | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> Job | None:
     """Atomically take a lease on the next job this worker can run, or None.
 
-    Candidates are jobs of the worker's device kind and backend (see
-    :func:`_claimable`), highest priority first, then oldest. A claim that finds
+    Candidates are jobs of the worker's device kind and backend, and of one of
+    ``kernel_versions`` when given (the kernel the worker runs: a job of another
+    version is left for a worker that runs it, never measured on the wrong code;
+    see :func:`_claimable`), highest priority first, then oldest. A claim that finds
     no live lease starts a new attempt (``attempts`` + 1) and resumes the job;
     either way the job's expired leases end now and their in-flight trials are
     recorded as ``crashed``.
     """
     fail_abandoned_jobs(session)
     now = utcnow()
-    candidates = _candidates(now, worker, device_kind, backend)
+    candidates = _candidates(now, worker, device_kind, backend, kernel_versions)
     postgres = session.get_bind().dialect.name == "postgresql"
     # A candidate that turns out not to be claimable after all (another worker won it)
     # changed nothing but the expiry of leases that had expired anyway: try the next one

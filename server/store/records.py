@@ -50,15 +50,16 @@ def family_trials(
     session: Session, wl: Workload, limit: int = FAMILY_TRIALS, workloads: int = FAMILY_WORKLOADS
 ) -> list[tuple[Workload, TileConfig, float]]:
     """``(workload, config, median_ms)`` of the newest ``limit`` ok trials of the *other* workloads of
-    ``wl``'s device kind, backend and family, from the ``workloads`` most recently measured of them: what
-    the family's model (:func:`autotune.surrogate.fit_prior`) learns from. Trials whose workload or params
-    no longer parse (an older kernel version) are left out."""
+    ``wl``'s device kind, backend, kernel version and family, from the ``workloads`` most recently
+    measured of them: what the family's model (:func:`autotune.surrogate.fit_prior`) learns from.
+    Trials whose workload or params no longer parse (written by an older release) are left out."""
     rows = session.execute(
         select(WorkloadRow.key, WorkloadRow.spec, Trial.params, Trial.median_ms)
         .join(WorkloadRow, WorkloadRow.id == Trial.workload_id)
         .where(
             WorkloadRow.device_kind == wl.device_kind,
             WorkloadRow.backend == wl.backend,
+            WorkloadRow.kernel_version == wl.kernel_version,
             WorkloadRow.family == wl.family,
             WorkloadRow.key != wl.key,
             Trial.status == "ok",

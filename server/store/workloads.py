@@ -193,6 +193,7 @@ def _neighbours_both(current: Any, *extra: Any) -> Any:
         .where(
             WorkloadRow.device_kind == bindparam("device_kind"),
             WorkloadRow.backend == bindparam("backend"),
+            WorkloadRow.kernel_version == bindparam("kernel_version"),
             WorkloadRow.family == bindparam("family"),
             WorkloadRow.key != bindparam("key"),
             WorkloadRow.frames.is_not(None),
@@ -277,7 +278,7 @@ def _lookup_at(
 def nearest(
     db: Session | Connection, wl: Workload, candidates: int, *, snapshot: int | None = None
 ) -> tuple[dict[str, Any], str, float, int] | None:
-    """Closest tuned workload of the same device kind, backend and family:
+    """Closest tuned workload of the same device kind, backend, kernel version and family:
     (its tuned columns, its key, the distance, the snapshot read).
 
     Candidates are the ``candidates`` nearest by sequence length on each side (an
@@ -296,6 +297,7 @@ def nearest_k(
     params: dict[str, Any] = {
         "device_kind": wl.device_kind,
         "backend": wl.backend,
+        "kernel_version": wl.kernel_version,
         "family": wl.family,
         "key": wl.key,
         "seq": wl.pattern.seq_len,

@@ -58,7 +58,7 @@ from autotune.supervisor import MeasurementAborted, Supervisor
 from autotune.surrogate import Ridge
 from autotune.versions import software_versions
 from kernel.config import TileConfig
-from kernel.workload import BACKENDS, Workload
+from kernel.workload import BACKENDS, KERNEL_VERSIONS, Workload
 from server.store import compiles, models, queue, workloads
 from server.store.db import Database
 from server.worker.coordinator import (
@@ -156,6 +156,8 @@ class Worker:
             if len(pairs) != 1:
                 raise ValueError(f"replay tables must share one device kind and backend, got {sorted(pairs)}")
             ((self.device_kind, self.backend),) = pairs
+            # A replay runs the kernel its tables were recorded on.
+            self.kernel_versions: tuple[str, ...] = tuple(sorted({t.workload.kernel_version for t in self.tables}))
             if options.device_kind not in ("auto", self.device_kind):
                 raise ValueError(
                     f"--device-kind {options.device_kind!r} does not match the tables' {self.device_kind!r}"
@@ -167,6 +169,7 @@ class Worker:
             device = probe_device()
             self.backend = resolve_backend(options.backend, device.platform)
             self.device_kind = device.kind if options.device_kind == "auto" else options.device_kind
+            self.kernel_versions = (KERNEL_VERSIONS[self.backend],)
         self._storage: optuna.storages.RDBStorage | None = None
         self._versions: dict[str, str | None] | None = None
 
@@ -205,7 +208,12 @@ class Worker:
                 break
             with self.db.transaction() as session:
                 job = queue.claim_job(
-                    session, self.name, device_kind=self.device_kind, backend=self.backend, lease_s=options.lease_s
+                    session,
+                    self.name,
+                    device_kind=self.device_kind,
+                    backend=self.backend,
+                    kernel_versions=self.kernel_versions,
+                    lease_s=options.lease_s,
                 )
                 claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
             if claimed is None:
@@ -222,7 +230,13 @@ class Worker:
     def _claimable(self) -> bool:
         """Whether a job is left for this worker (one that another claim holds locked right now counts)."""
         with self.db.read_sessions() as session:
-            return queue.has_claimable(session, self.name, device_kind=self.device_kind, backend=self.backend)
+            return queue.has_claimable(
+                session,
+                self.name,
+                device_kind=self.device_kind,
+                backend=self.backend,
+                kernel_versions=self.kernel_versions,
+            )
 
     def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int, study: str) -> JobOutcome:
         """Run the claimed job ``job_id`` to its end (or this worker's part of it)."""

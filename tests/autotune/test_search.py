@@ -342,3 +342,19 @@ def test_the_tied_finalists_extra_rounds_are_spread_over_fresh_processes() -> No
         # One round in the search's process, then the nine extra: all in it, or three in each of three.
         assert all(len(r) == 2 + 18 for _, r in result.finalists)
         assert measurer.process == (processes - 1) + 2  # fresh ones for the finalists, then two for the anchors
+
+
+def test_the_space_counts_the_grid_steps_of_the_kernel_version_its_workload_names() -> None:
+    """A table recorded on xla kernel version 1 is replayed with the steps version 1 walked (so the
+    search's model and tie-breaks see the kernel that was timed); a new workload gets today's count."""
+    from kernel.cost import grid_steps
+
+    pattern = SparsityPattern(VideoLayout(8, 64, 64, "prefix"), (HeadPattern.spatial(0), HeadPattern.temporal(4)))
+    today = Workload("cpu", "xla", "float32", 1, 64, pattern)
+    recorded = dataclasses.replace(today, kernel_version="1")
+    config = TileConfig("split", 64, 64, 0, "frame_major", "frame", "by_pattern")
+    now, then = SearchSpace(today, "xla").grid_steps(config), SearchSpace(recorded, "xla").grid_steps(config)
+    assert (now, then) == (grid_steps(pattern, config, "xla"), grid_steps(pattern, config, "xla", "1"))
+    assert now < then  # text q-blocks no longer pad every row
+    # A space on another backend than its workload's counts that backend's current kernel.
+    assert SearchSpace(recorded, "interpret").grid_steps(config) == grid_steps(pattern, config, "interpret")

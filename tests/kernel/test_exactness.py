@@ -8,11 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel.attention import sparse_attention
+from kernel.attention import head_groups, prepare_group, sparse_attention
 from kernel.config import TileConfig
 from kernel.layout import VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.reference import reference_attention
+from kernel.xla_backend import scan_plan
 from tests.kernel.strategies import patterns, tile_configs
 
 TOL = {"float32": 2e-5, "bfloat16": 2e-2}
@@ -86,6 +87,17 @@ def test_bfloat16_exact(variant: str, backend: str) -> None:
     pattern, _, _ = CASES["mixed-heads-text-prefix"]
     config = TileConfig(variant, 16, 32, 0, "temporal_major", "frame", "by_pattern")
     assert max_error(pattern, config, backend, dtype="bfloat16") <= TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("variant", ["naive", "split", "compact"])
+def test_xla_exact_when_a_walk_splits_into_scans(variant: str, dtype: str) -> None:
+    """Text q-blocks reach every kv block: their rows get their own scan, the rest theirs."""
+    pattern = SparsityPattern(VideoLayout(6, 16, 16, "prefix"), (HeadPattern.spatial(0), HeadPattern.temporal(1, True)))
+    config = TileConfig(variant, 16, 16, 0, "frame_major", "frame", "by_pattern")
+    plans = [scan_plan(prepare_group(pattern, heads, config)[2], variant) for heads in head_groups(pattern, config)]
+    assert any(len(plan) > len({scan.full for scan in plan}) for plan in plans), "no walk split: nothing new tested"
+    assert max_error(pattern, config, "xla", dtype=dtype, batch=2) <= TOL[dtype]
 
 
 # 30 generated layouts a run (each a compile): hypothesis draws new ones every run, so coverage

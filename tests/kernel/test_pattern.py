@@ -15,6 +15,7 @@ from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.placement import TokenPlacement
 from kernel.presets import PRESETS, get_preset
 from kernel.reference import dense_mask, mask_density, mask_rows, reference_attention
+from kernel.workload import BACKENDS, KERNEL_VERSIONS, Workload
 from tests.kernel.strategies import patterns
 
 
@@ -67,6 +68,26 @@ def test_canonical_json_and_hash_ignore_key_order() -> None:
     c = SparsityPattern(a.layout, (HeadPattern.spatial(0, True),))
     assert c.pattern_hash != a.pattern_hash
     assert json.loads(a.to_json())["heads"][0] == {"kind": "spatial", "window_frames": 1, "first_frame_sink": True}
+
+
+def test_a_workload_key_moves_only_with_its_own_backends_kernel_version() -> None:
+    """Each backend has its kernel version: bumping the xla backend's (xla 2, scans by list length) re-keys
+    xla results only; the Pallas backends' keys are the ones every earlier release stored."""
+    preset = get_preset("cpu-demo")
+
+    def key(device: str, backend: str, **kw: str) -> str:
+        return Workload(device, backend, "bfloat16", 1, preset.head_dim, preset.pattern(), **kw).key
+
+    assert key("TPU v6 lite", "tpu") == "eeb8a3945d1a2399a1c3275c281ad659"  # computed by the release before xla 2
+    assert key("cpu", "interpret") == "6093996fc3e101e95dad06e9485ed93e"
+    assert key("cpu", "xla", kernel_version="1") == "f47533ab9d49a18a118cb8e02dd6e613"
+    assert key("cpu", "xla") != key("cpu", "xla", kernel_version="1")
+    assert {
+        b: Workload("cpu", b, "float32", 1, 8, preset.pattern()).kernel_version for b in BACKENDS
+    } == KERNEL_VERSIONS
+    spec = {"device_kind": "cpu", "backend": "xla", "dtype": "float32", "batch": 1, "preset": "cpu-demo"}
+    assert Workload.from_dict(spec).kernel_version == KERNEL_VERSIONS["xla"]
+    assert Workload.from_dict({**spec, "kernel_version": "1"}).kernel_version == "1"
 
 
 def test_hash_is_stable_across_releases() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from kernel.workload import Workload
+from kernel.workload import KERNEL_VERSIONS, Workload
 from server.api.schemas import WorkloadSpec
 from server.store import queue, records, workloads
 from server.store.db import Database
@@ -111,6 +111,18 @@ def test_nearest_picks_the_closest(client: TestClient, db: Database) -> None:
     close_key, _ = seed_tuned(db, workload_body(pattern={**base["pattern"], "layout": {**layout, "frames": 5}}))
     result = lookup(client, base).json()
     assert result["source"] == "nearest" and result["neighbour_key"] == close_key != far_key
+
+
+def test_a_neighbour_of_another_kernel_version_is_no_neighbour(client: TestClient, db: Database) -> None:
+    """A config tuned on another version of the backend's kernel was fastest on other code."""
+    base = workload_body()
+    layout = base["pattern"]["layout"]
+    neighbour = workload_body(pattern={**base["pattern"], "layout": {**layout, "frames": 5}}, kernel_version="1")
+    assert as_workload(base).kernel_version == KERNEL_VERSIONS["xla"] != "1"
+    key, _ = seed_tuned(db, neighbour)
+    assert lookup(client, base).json()["source"] == "heuristic"
+    older = lookup(client, {**base, "kernel_version": "1"}).json()
+    assert older["source"] == "nearest" and older["neighbour_key"] == key
 
 
 def test_lookup_pinned_to_a_snapshot(client: TestClient, db: Database, writer_token: str) -> None:

@@ -69,6 +69,24 @@ def test_claims_match_device_and_backend_and_priority(db: Database) -> None:
         assert tpu is not None and tpu.id == other[0]
 
 
+def test_a_worker_claims_only_jobs_of_the_kernel_versions_it_runs(db: Database) -> None:
+    """A job queued for another kernel version (an older client library) waits for a worker that runs it:
+    measured on this worker's kernel, its times would be stored under the other version's key."""
+    with db.transaction() as session:
+        jobs = {}
+        for version in ("1", "2"):
+            wl = WorkloadSpec.model_validate(workload_body(kernel_version=version)).to_workload()
+            jobs[version] = queue.enqueue_job(session, workloads.workload_row(session, wl), budget=4)[0].id
+    with db.transaction() as session:
+        assert not queue.has_claimable(session, "w", device_kind="cpu", backend="xla", kernel_versions=("3",))
+        assert queue.claim_job(session, "w", device_kind="cpu", backend="xla", kernel_versions=("3",)) is None
+        two = queue.claim_job(session, "w", device_kind="cpu", backend="xla", kernel_versions=("2",))
+        assert two is not None and two.id == jobs["2"]
+        assert not queue.has_claimable(session, "w2", device_kind="cpu", backend="xla", kernel_versions=("2",))
+        one = queue.claim_job(session, "w2", device_kind="cpu", backend="xla", kernel_versions=("1", "2"))
+        assert one is not None and one.id == jobs["1"]
+
+
 def test_has_claimable_sees_the_queue_of_its_device_and_backend(db: Database) -> None:
     with db.transaction() as session:
         assert not queue.has_claimable(session, "w", device_kind="cpu", backend="xla")

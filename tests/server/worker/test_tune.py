@@ -171,8 +171,8 @@ def test_warm_starts_are_the_own_config_then_the_three_nearest_tuned_workloads_o
 
 def test_the_family_model_is_fitted_on_the_ok_trials_of_the_other_workloads_of_the_family(tmp_path: Any) -> None:
     """records.family_trials reads what the family's model learns from: ok trials with a time, of the
-    other workloads of the device kind, backend and family; not the workload's own trials, not another
-    family's, not failed ones. family_prior fits the model once there are enough."""
+    other workloads of the device kind, backend, kernel version and family; not the workload's own trials,
+    not another family's or kernel version's, not failed ones. family_prior fits the model once there are enough."""
     url = f"sqlite:///{tmp_path / 'family.db'}"
     upgrade(url)
     db = Database(url)
@@ -181,9 +181,11 @@ def test_the_family_model_is_fitted_on_the_ok_trials_of_the_other_workloads_of_t
     sibling = dataclasses.replace(WORKLOAD, pattern=SparsityPattern(VideoLayout(6, 64), WORKLOAD.pattern.heads))
     stranger = dataclasses.replace(WORKLOAD, pattern=SparsityPattern(VideoLayout(6, 64), (HeadPattern.dense(),)))
     gpu = dataclasses.replace(sibling, device_kind="other-cpu")
+    older = dataclasses.replace(sibling, kernel_version=f"{WORKLOAD.kernel_version}-older")  # another kernel's times
+    measured = ((WORKLOAD, "ok"), (stranger, "ok"), (gpu, "ok"), (older, "ok"), (sibling, "ok"), (sibling, "pruned"))
     try:
         with db.transaction() as session:
-            for wl, status in ((WORKLOAD, "ok"), (stranger, "ok"), (gpu, "ok"), (sibling, "ok"), (sibling, "pruned")):
+            for wl, status in measured:
                 row = workloads.workload_row(session, wl)
                 for i, c in enumerate(configs):
                     median = 1.0 + i if status == "ok" else 0.5  # a pruned trial's partial median: not a time

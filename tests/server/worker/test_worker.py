@@ -3,6 +3,7 @@ retries, and resuming a job whose worker died (replay backend: no device needed)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import signal
 import threading
@@ -74,6 +75,24 @@ def test_worker_tunes_queued_jobs_and_publishes_the_best(database_url: str, db: 
             # The winner is one of the re-timed finalists: among the top three trials of the job.
             ranked = sorted((t.median_ms or 0, t.id) for t in finished_trials(db, job_id) if t.status == "ok")
             assert winner.id in [trial_id for _, trial_id in ranked[:3]]
+
+
+def test_a_replay_worker_runs_only_jobs_of_its_tables_kernel_version(database_url: str, db: Database) -> None:
+    """The table was recorded on one version of the backend's kernel: a job of another version is left
+    queued (its times would be stored under a key they were not measured on)."""
+    table = RecordedTable.load(TABLE)
+    other = dataclasses.replace(table.workload, kernel_version=f"{table.workload.kernel_version}-other")
+    with db.transaction() as session:
+        skipped = queue.enqueue_job(session, workloads.workload_row(session, other), budget=4)[0].id
+    (mine,) = queue_replay_jobs(db, 1, budget=4)
+    worker = replay_worker(database_url)
+    assert worker.kernel_versions == (table.workload.kernel_version,)
+    try:
+        outcomes = worker.run()
+    finally:
+        worker.close()
+    assert [(o.job_id, o.status) for o in outcomes] == [(mine, "done")]
+    assert statuses(db, [skipped]) == {skipped: "queued"}
 
 
 def test_cancel_stops_the_worker_and_keeps_the_job_cancelled(db: Database, database_url: str) -> None:
