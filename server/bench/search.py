@@ -216,21 +216,30 @@ def score(table: RecordedTable, keys: Sequence[str], tied: set[str]) -> tuple[fl
     return float(hit), regret
 
 
+def _kin(table: RecordedTable, other: RecordedTable) -> bool:
+    """Whether a database holding ``other``'s tunes would learn from them for ``table``: another table of
+    its family, recorded on the same version of the backend's kernel."""
+    mine, theirs = table.workload, other.workload
+    return other is not table and (theirs.family, theirs.kernel_version) == (mine.family, mine.kernel_version)
+
+
 def neighbour_bests(table: RecordedTable, others: Sequence[RecordedTable]) -> list[TileConfig]:
-    """The fastest config of each of ``others`` of ``table``'s family that ``table`` holds: what a database
-    holding them as tuned workloads offers as warm starts (one outside this table's space is left out)."""
-    bests = [o.best[0] for o in others if o is not table and o.workload.family == table.workload.family]
+    """The fastest config of each of ``others`` of ``table``'s family and kernel version that ``table`` holds:
+    what a database holding them as tuned workloads offers as warm starts (one outside this table's space is
+    left out)."""
+    bests = [o.best[0] for o in others if _kin(table, o)]
     return list({c.key: c for c in bests if c.key in table.entries}.values())
 
 
 def family_prior(table: RecordedTable, others: Sequence[RecordedTable]) -> Ridge | None:
     """The family's model a database holding tunes of ``others`` would give ``table``: :func:`fit_prior` on
     the ok trials a default search of :data:`DATABASE_TRIALS` trials (seed 0, no prior) measures on each
-    other table of ``table``'s family, as :func:`server.worker.tune.family_prior` fits it on a database's
-    trials. Not the whole of those tables: a tune leaves its trials in the database, not an exhaustive table."""
+    other table of ``table``'s family and kernel version, as :func:`server.worker.tune.family_prior` fits it
+    on a database's trials. Not the whole of those tables: a tune leaves its trials in the database, not an
+    exhaustive table."""
     trials: list[tuple[Workload, TileConfig, float]] = []
     for other in others:
-        if other is table or other.workload.family != table.workload.family:
+        if not _kin(table, other):
             continue
         options = SearchOptions(trials=DATABASE_TRIALS, seed=0, prune=False)
         result = run_search(other.space(), ReplayMeasurer(other), options, finalize=False)

@@ -49,6 +49,21 @@ def test_neighbours_of_the_same_family_join_the_warm_start() -> None:
     assert printed.exit_code == 0 and printed.stdout.count("on + 1 neighbour(s) + family model") == 2, printed.output
 
 
+def test_a_table_of_another_kernel_version_is_no_neighbour() -> None:
+    """Tunes on another version of the backend's kernel were fastest on other code: a database does not offer
+    them (server.store.workloads.nearest_k, records.family_trials), and the replay does not either."""
+    import dataclasses
+
+    from autotune.replay import RecordedTable
+    from server.bench.search import family_prior, neighbour_bests
+
+    demo, small = (RecordedTable.load(t) for t in TABLES[:2])
+    assert [c.key for c in neighbour_bests(small, [demo])] == [demo.best[0].key]
+    other = dataclasses.replace(demo, workload=dataclasses.replace(demo.workload, kernel_version="other"))
+    assert neighbour_bests(small, [other]) == []
+    assert family_prior(small, [demo]) is not None and family_prior(small, [other]) is None
+
+
 def test_bad_options_are_named() -> None:
     result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[0], "--warm-start", "maybe"])
     assert result.exit_code == 2 and "--warm-start" in result.output
