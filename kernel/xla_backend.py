@@ -43,14 +43,17 @@ SCAN_SLACK = 0.1  # the fewest scans whose padded steps are within this share of
 class Scan:
     """One ``lax.scan``: the rows of ``q_blocks`` (all heads) walk ``length`` steps of one list.
 
-    ``full`` picks the list (``True`` full tiles, ``False`` partial, ``None`` both);
-    ``masked`` says whether the scan builds tile masks.
+    ``full`` picks the list (``True`` full tiles, ``False`` partial, ``None`` both).
     """
 
     full: bool | None
-    masked: bool
     q_blocks: np.ndarray  # int64, ascending
     length: int
+
+    @property
+    def masked(self) -> bool:
+        """Whether the scan builds tile masks: a list holding partial tiles needs them."""
+        return self.full is not True
 
     def steps(self, num_heads: int) -> int:
         return num_heads * int(self.q_blocks.shape[0]) * self.length
@@ -61,12 +64,12 @@ def scan_plan(tables: BlockTables, variant: str) -> tuple[Scan, ...]:
 
     Scans with nothing to walk are left out. :func:`kernel.cost.grid_steps` counts these.
     """
-    walks = [(None, True)] if variant == "naive" else [(True, False), (False, True)]
+    walks = [None] if variant == "naive" else [True, False]
     plan = []
-    for full, masked in walks:
+    for full in walks:
         counts = tables.row_counts(full).max(axis=0)  # a q-block walks its longest head's list
         for q_blocks, length in length_groups(counts):
-            plan.append(Scan(full, masked, q_blocks, length))
+            plan.append(Scan(full, q_blocks, length))
     return tuple(plan)
 
 
