@@ -15,7 +15,8 @@ inputs and the float64 reference of a sample of query rows, built once.
  3. warms up and times repeated runs until both a repeat count and a minimum
     time are met; after ``prune_after`` runs a config whose median is over
     ``prune_above_ms`` stops early as ``pruned``.
-Compiled executables are kept (LRU) so the final re-timing does not recompile.
+Compiled executables are kept (LRU) so the final re-timing does not recompile,
+within a share of the process's memory mappings (:data:`MAP_BUDGET`).
 
 CPU backends (``xla``, ``interpret``) are timed on one core, in CPU time. A
 supervised measuring child pins itself to one core (:func:`pin_one_core`) before
@@ -61,6 +62,12 @@ from kernel.workload import Workload
 
 STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
 CPU_BACKENDS = ("xla", "interpret")  # backends whose programs run on this machine's CPU
+# A Linux process may hold at most vm.max_map_count memory mappings (65,530 by default). XLA's CPU backend
+# maps each executable's code and data in many pieces (about 185 mappings for one xla kernel of
+# spatial-temporal-hd128-bf16), so a recording that kept all 272 of that table's executables ran out: LLVM
+# failed the remaining compiles with "Cannot allocate memory", which read as those configs' compile errors.
+# Kept executables are evicted, oldest first, past this share of the limit (a re-timing recompiles them).
+MAP_BUDGET = 0.5
 # What a run time is read from: the wall clock, or this process's CPU time (all its threads).
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
@@ -252,10 +259,28 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
     """(status, error text) of a compile or run failure."""
     text = f"{type(exc).__name__}: {exc}".strip()
     first = text.splitlines()[0][:2000]
-    lowered = text.lower()
-    if "resource_exhausted" in lowered or "resource exhausted" in lowered or "out of memory" in lowered:
+    if resource_exhausted(text):
         return "failed", "resource exhausted: " + first
     return "failed", "compile error: " + first
+
+
+def resource_exhausted(text: str) -> bool:
+    """Whether an error's text says the process ran out of memory (or of mappings: ENOMEM), not the config."""
+    lowered = text.lower()
+    return any(s in lowered for s in ("resource_exhausted", "resource exhausted", "out of memory", "cannot allocate"))
+
+
+def memory_maps() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the most it may hold: vm.max_map_count), None where the
+    system does not say (not Linux). Reading them costs a few ms at tens of thousands of mappings."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            used = f.read().count(b"\n")
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return used, limit
 
 
 class WorkloadBench:
@@ -288,6 +313,8 @@ class WorkloadBench:
         self._ahead: dict[str, Future[tuple[Any, float, float]]] = {}
         self._compiler: ThreadPoolExecutor | None = None
         self.clock = clock_for(backend)
+        self.maps: Callable[[], tuple[int, int] | None] = memory_maps  # test seam: a process's map count
+        self.evicted = 0  # kept executables dropped to stay within MAP_BUDGET
 
     def _fn(self, config: TileConfig, pattern: SparsityPattern | None = None) -> Any:
         pattern, backend = pattern or self.workload.pattern, self.backend
@@ -317,6 +344,20 @@ class WorkloadBench:
         t2 = time.perf_counter()
         return compiled, (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
+    def _compile_or_free(
+        self, config: TileConfig, ahead: Future[tuple[Any, float, float]] | None
+    ) -> tuple[Any, float, float]:
+        """:meth:`_compile` (or the prefetched result). A compile that ran out of memory while executables
+        were kept is retried once without them: the process's state failed it, not the config."""
+        try:
+            return ahead.result() if ahead is not None else self._compile(config)
+        except Exception as exc:
+            if not (resource_exhausted(str(exc)) and self._compiled):
+                raise
+            self.evicted += len(self._compiled)
+            self._compiled.clear()
+            return self._compile(config)
+
     def prefetch(self, config: TileConfig) -> None:
         """Start compiling ``config`` in a background thread (:attr:`MeasureOptions.compile_threads`);
         :meth:`measure` takes the executable when it gets there. On a TPU the device times the current
@@ -332,8 +373,7 @@ class WorkloadBench:
         key = config.key
         action = self.inject.get(key)
         try:
-            ahead = self._ahead.pop(key, None)
-            compiled, lower_ms, compile_ms = ahead.result() if ahead is not None else self._compile(config)
+            compiled, lower_ms, compile_ms = self._compile_or_free(config, self._ahead.pop(key, None))
         except Exception as exc:  # compile errors of every kind are data
             status, text = classify_error(exc)
             return Measurement(status, error=text)
@@ -391,6 +431,9 @@ class WorkloadBench:
         self._compiled.move_to_end(key)
         while len(self._compiled) > max(1, self.options.keep_compiled):
             self._compiled.popitem(last=False)
+        while len(self._compiled) > 1 and (maps := self.maps()) is not None and maps[0] > MAP_BUDGET * maps[1]:
+            self._compiled.popitem(last=False)  # frees its mappings at once (no cycle holds an executable)
+            self.evicted += 1
 
     def retime(self, config: TileConfig, runs: int) -> list[float]:
         """``runs`` more timed runs of an already measured config (recompiles if evicted)."""
