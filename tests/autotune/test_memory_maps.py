@@ -17,18 +17,9 @@ import pytest
 
 from autotune.measure import MAP_BUDGET, MeasureOptions, WorkloadBench, classify_error, memory_maps
 from autotune.space import SearchSpace
-from kernel.layout import VideoLayout
-from kernel.pattern import HeadPattern, SparsityPattern
-from kernel.workload import Workload
 
-SMALL = Workload(
-    "cpu",
-    "xla",
-    "float32",
-    1,
-    16,
-    SparsityPattern(VideoLayout(2, 64), (HeadPattern.spatial(0), HeadPattern.temporal(2))),
-)
+from .test_measurer_contract import LIVE as SMALL  # compiles in about a second per config
+
 OPTIONS = MeasureOptions(repeats=1, min_time_s=0.0, check_rows=16, keep_compiled=100)
 
 
