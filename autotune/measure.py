@@ -439,7 +439,7 @@ class WorkloadBench:
         """``runs`` more timed runs of an already measured config (recompiles if evicted)."""
         compiled = self._compiled.get(config.key)
         if compiled is None:
-            compiled = jax.jit(self._fn(config)).lower(self.q, self.k, self.v).compile()
+            compiled = self._compile_or_free(config, None)[0]
             self._remember(config.key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]
 
