@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 from typing import Annotated, Any
@@ -77,6 +78,16 @@ def worker(
     max_configs: Annotated[
         int | None, typer.Option(min=1, help="--compile-only: compile at most this many configs per job")
     ] = None,
+    finalize_processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            envvar="TILETUNE_FINALIZE_PROCESSES",
+            help="Measuring processes a job's tied finalists and its winner's anchors are timed in (the search's, "
+            "then fresh ones; default 3); 1 keeps them in the search's: faster, but the spread shown misses how much "
+            "a speedup moves from one process to the next",
+        ),
+    ] = None,
 ) -> None:
     """Claim queued tuning jobs of this machine's device kind and backend and run them.
 
@@ -94,7 +105,6 @@ def worker(
     import logging
 
     from autotune.measure import MeasureOptions
-    from autotune.search import SearchOptions
     from kernel.attention import NoTpuDeviceError
     from server.store.migrate import upgrade
     from server.worker.worker import WORKER_BACKENDS, Worker, WorkerOptions
@@ -113,7 +123,7 @@ def worker(
         poll_s=poll,
         trial_timeout_s=trial_timeout,
         measure=MeasureOptions(repeats=repeats, compile_threads=max(1, lookahead), core=checked_core(core)),
-        search=SearchOptions(lookahead=lookahead),
+        search=_search_options(lookahead, finalize_processes),
         replay_tables=tuple(replay_table or ()),
         replay_sleep=replay_sleep,
         name=name,
@@ -133,6 +143,18 @@ def worker(
         relay.close()  # the earlier handlers back: a caller running this command in-process keeps its own
     failed = [outcome for outcome in outcomes if outcome.status == "failed"]
     err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
+
+
+def _search_options(lookahead: int, finalize_processes: int | None) -> Any:
+    """The worker's :class:`autotune.search.SearchOptions`: the search's defaults but for these two."""
+    from autotune.search import SearchOptions
+
+    options = SearchOptions(lookahead=lookahead)
+    if finalize_processes is not None:
+        options = dataclasses.replace(
+            options, anchor_processes=finalize_processes, resolve_processes=finalize_processes
+        )
+    return options
 
 
 def _compile_worker(
@@ -197,9 +219,11 @@ def _print_event(kind: str, d: dict[str, Any], quiet: bool) -> None:
         err.print(f"  job {d['job_id']} trial {d['number']}: {d['config']}: {d['status']} {ms}")
     elif kind == "tuned":
         speed = speedups(d["median_ms"], d["dense_ms"], d.get("tiled_dense_ms"), p10_p90=d.get("speedup_p10_p90"))
+        processes = d.get("anchor_processes") or 0
+        where = f", timed beside its anchors in {processes} measuring process(es)" if processes else ""
         err.print(
             f"job {d['job_id']}: [bold]tuned[/bold] {d['config']} {d['median_ms']:.3f} ms{speed} "
-            f"(tuned config {d['tuned_config_id']})"
+            f"(tuned config {d['tuned_config_id']}{where})"
         )
         if (d.get("others_cores") or 0.0) > BUSY_ABOVE_CORES:
             err.print(

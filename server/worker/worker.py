@@ -413,7 +413,8 @@ class Worker:
             {"job_id": job_id, "workload_key": workload.key, "config": everyone.best.config.describe(),
              "median_ms": everyone.best_median_ms, "dense_ms": everyone.dense_ms,
              "tiled_dense_ms": everyone.anchor_ms("tiled_dense"), "tuned_config_id": tuned_id,
-             "others_cores": everyone.others_cores, "speedup_p10_p90": everyone.speedup_p10_p90()},
+             "others_cores": everyone.others_cores, "speedup_p10_p90": everyone.speedup_p10_p90(),
+             "anchor_processes": None if self.options.backend == "replay" else everyone.anchor_processes},
         )  # fmt: skip
         return JobOutcome(job_id, workload.key, "done", mine, tuned_id)
 

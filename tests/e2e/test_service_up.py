@@ -93,7 +93,9 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     logs = tmp_path / "logs"
-    env = child_env({"TILETUNE_JOB_BUDGET_DEFAULT": "6"})  # the lookup-miss job: small budget
+    # The lookup-miss job gets a small budget; both jobs finalize in 2 measuring processes instead of 3:
+    # still the search's and a fresh one, at two thirds of the finalization's cost.
+    env = child_env({"TILETUNE_JOB_BUDGET_DEFAULT": "6", "TILETUNE_FINALIZE_PROCESSES": "2"})
     # A short demo job proves the same path as the default 40 trials: claimed, searched, re-timed, published.
     argv = ["up", "--database-url", url, "--port", str(port), "--trials", str(DEMO_TRIALS), "--log-dir", str(logs)]
     up = Child("up", tiletune_command(*argv), env=env)
@@ -136,6 +138,8 @@ def test_up_tunes_cpu_demo_and_a_lookup_miss_end_to_end(tmp_path: Path) -> None:
         up.close()
     assert up.returncode == 0, output
     assert "look it up with:" in output and "curl -s" in output
+    worker_log = (logs / "worker.log").read_text(errors="replace")
+    assert worker_log.count("timed beside its anchors in 2 measuring process(es)") == 2, worker_log
     assert reader.requests > 20 and reader.bad == []
     everything = output + "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
     assert "database is locked" not in everything

@@ -123,6 +123,31 @@ def test_a_worker_says_when_its_winner_was_timed_under_load(
     assert ("1.3 cores busy" in printed) == (others == 1.3)
 
 
+def test_a_worker_finalizes_in_the_measuring_processes_it_is_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--finalize-processes`` (or TILETUNE_FINALIZE_PROCESSES) sets where the tied finalists and the
+    winner's anchors are timed; unset, the search's defaults stand; below 1 is a usage error naming it."""
+    from autotune.search import SearchOptions
+    from server.cli.worker import _print_event, _search_options
+
+    defaults = SearchOptions()
+    assert _search_options(2, None) == SearchOptions(lookahead=2)
+    told = _search_options(0, 1)
+    assert (told.anchor_processes, told.resolve_processes, told.lookahead) == (1, 1, 0)
+    assert (told.anchor_rounds, told.resolve_rounds) == (defaults.anchor_rounds, defaults.resolve_rounds)
+    for argv, env in ((["--finalize-processes", "0"], {}), ([], {"TILETUNE_FINALIZE_PROCESSES": "0"})):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        result = runner.invoke(cli, ["worker", "--backend", "replay", *argv])
+        assert result.exit_code == 2 and "--finalize-processes" in result.output, result.output
+        monkeypatch.delenv("TILETUNE_FINALIZE_PROCESSES", raising=False)
+    capture = []
+    monkeypatch.setattr("server.cli.worker.err.print", lambda text: capture.append(text))
+    event = {"job_id": 7, "config": "naive q64 kv64", "median_ms": 2.0, "dense_ms": 20.0, "tuned_config_id": 3}
+    _print_event("tuned", {**event, "anchor_processes": 2}, False)
+    _print_event("tuned", event, False)  # a replay: no process timed anything
+    assert ["in 2 measuring process(es)" in line for line in capture] == [True, False]
+
+
 def test_a_core_the_process_may_not_run_on_is_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
     url = f"sqlite:///{tmp_path / 'core.db'}"
     outside = max(os.sched_getaffinity(0)) + 1
