@@ -125,7 +125,7 @@ def test_without_measurements_the_first_proposal_is_the_family_models_fastest(tm
 
 
 def test_a_space_with_every_config_taken_leaves_the_proposal_to_the_search(tmp_path: Any) -> None:
-    space = SearchSpace(WORKLOAD, "xla", max_padding=0.0)
+    space = SearchSpace(WORKLOAD, "xla", blocks_q=(128,), blocks_kv=(64, 128))  # 32 configs: each one is a trial
     size = len(space.enumerate())
     storage, trials = _study(space, tmp_path, size + 5, seed=1)
     assert len({t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE}) >= size

@@ -42,7 +42,10 @@ def test_crash_hang_and_wrong_are_recorded_and_the_study_completes(tmp_path: Any
     crash, hang = others[0], others[1]
     # The heuristic is measured first (warm start); make it wrong, so a fast wrong result is on record.
     inject = {heuristic.key: "wrong", crash.key: "crash", hang.key: "hang"}
-    search = SearchOptions(trials=8, seed=0, seed_configs=(crash, hang), prune=False)
+    # Finalized in the search's own measuring process: the fresh ones are test_tune_command_stores_results'.
+    search = SearchOptions(
+        trials=8, seed=0, seed_configs=(crash, hang), prune=False, anchor_processes=1, resolve_processes=1
+    )
     outcome = tune_workload(
         WORKLOAD,
         database_url=url,
