@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,6 +13,9 @@ from autotune.host_load import BUSY_ABOVE_CORES
 from server.cli.common import CoreOpt, DatabaseOpt, checked_core, err, fail, no_tpu_device, speedups
 from server.cli.common import database_url as database_url_of
 from server.cli.signals import SignalRelay
+
+if TYPE_CHECKING:  # imported when a worker starts: the CLI's other commands do not load the search
+    from autotune.search import SearchOptions
 
 
 def install_stop_signals(stop: Any, what: str) -> SignalRelay:
@@ -145,7 +148,7 @@ def worker(
     err.print(f"worker {w.name} stopped after {len(outcomes)} job(s), {len(failed)} failed")
 
 
-def _search_options(lookahead: int, finalize_processes: int | None) -> Any:
+def _search_options(lookahead: int, finalize_processes: int | None) -> SearchOptions:
     """The worker's :class:`autotune.search.SearchOptions`: the search's defaults but for these two."""
     from autotune.search import SearchOptions
 
