@@ -47,7 +47,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +62,7 @@ from kernel.workload import Workload
 
 STATUSES = ("ok", "failed", "invalid", "pruned", "crashed", "timeout", "wrong")
 CPU_BACKENDS = ("xla", "interpret")  # backends whose programs run on this machine's CPU
+T = TypeVar("T")
 # A Linux process may hold at most vm.max_map_count memory mappings (65,530 by default). XLA's CPU backend
 # maps each executable's code and data in many pieces (about 185 mappings for one xla kernel of
 # spatial-temporal-hd128-bf16), so a recording that kept all 272 of that table's executables ran out: LLVM
@@ -344,19 +345,18 @@ class WorkloadBench:
         t2 = time.perf_counter()
         return compiled, (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
-    def _compile_or_free(
-        self, config: TileConfig, ahead: Future[tuple[Any, float, float]] | None
-    ) -> tuple[Any, float, float]:
-        """:meth:`_compile` (or the prefetched result). A compile that ran out of memory while executables
-        were kept is retried once without them: the process's state failed it, not the config."""
+    def _compile_or_free(self, compile: Callable[[], T], ahead: Future[T] | None = None) -> T:
+        """``compile()`` (or the prefetched result of the same compile). Every compile of the bench (a
+        config's, an anchor's) goes through here: one that ran out of memory while executables were kept
+        is retried once without them, since the process's state failed it, not the program."""
         try:
-            return ahead.result() if ahead is not None else self._compile(config)
+            return ahead.result() if ahead is not None else compile()
         except Exception as exc:
             if not (resource_exhausted(str(exc)) and self._compiled):
                 raise
             self.evicted += len(self._compiled)
             self._compiled.clear()
-            return self._compile(config)
+            return compile()
 
     def prefetch(self, config: TileConfig) -> None:
         """Start compiling ``config`` in a background thread (:attr:`MeasureOptions.compile_threads`);
@@ -373,7 +373,9 @@ class WorkloadBench:
         key = config.key
         action = self.inject.get(key)
         try:
-            compiled, lower_ms, compile_ms = self._compile_or_free(config, self._ahead.pop(key, None))
+            compiled, lower_ms, compile_ms = self._compile_or_free(
+                lambda: self._compile(config), self._ahead.pop(key, None)
+            )
         except Exception as exc:  # compile errors of every kind are data
             status, text = classify_error(exc)
             return Measurement(status, error=text)
@@ -439,7 +441,7 @@ class WorkloadBench:
         """``runs`` more timed runs of an already measured config (recompiles if evicted)."""
         compiled = self._compiled.get(config.key)
         if compiled is None:
-            compiled = self._compile_or_free(config, None)[0]
+            compiled = self._compile_or_free(lambda: self._compile(config))[0]
             self._remember(config.key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]
 
@@ -456,6 +458,6 @@ class WorkloadBench:
         compiled = self._compiled.get(key)
         if compiled is None:
             self._inject(key, "compile")
-            compiled = jax.jit(fn).lower(self.q, self.k, self.v).compile()
+            compiled = self._compile_or_free(lambda: jax.jit(fn).lower(self.q, self.k, self.v).compile())
             self._remember(key, compiled)
         return timed_runs(compiled, (self.q, self.k, self.v), repeats=runs, clock=self.clock)[0]

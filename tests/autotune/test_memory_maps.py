@@ -91,6 +91,28 @@ def test_a_compile_out_of_memory_with_executables_kept_is_retried_without_them()
     assert list(bench._compiled) == [third.key] and bench.evicted == 2
 
 
+def test_an_anchor_compile_out_of_memory_with_executables_kept_is_retried_without_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anchors are kept and evicted like configs, so their recompiles take the same retry."""
+    from kernel.reference import dense_attention
+
+    bench = WorkloadBench(SMALL, "xla", OPTIONS)
+    (config,) = configs(1)
+    bench.measure(config)
+    traced = []
+
+    def dense_out_of_memory_once(q: Any, k: Any, v: Any) -> Any:
+        traced.append(1)
+        if len(traced) == 1:
+            raise RuntimeError("INTERNAL: LLVM compilation error: Cannot allocate memory")
+        return dense_attention(q, k, v)
+
+    monkeypatch.setattr("autotune.measure.dense_attention", dense_out_of_memory_once)
+    assert len(bench.anchor_runs("dense", 2)) == 2
+    assert list(bench._compiled) == ["anchor:dense"] and bench.evicted == 1
+
+
 def test_a_compile_out_of_memory_with_nothing_kept_is_the_configs_failure_and_says_so() -> None:
     bench = WorkloadBench(SMALL, "xla", OPTIONS)
     (config,) = configs(1)
