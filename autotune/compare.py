@@ -29,6 +29,7 @@ from scipy.stats import mannwhitneyu
 ALPHA = 0.05
 MIN_EFFECT = 0.01
 MIN_RUNS = 5  # fewer runs cannot show a difference at ALPHA with this test: the sets are tied
+DRIFT_ABOVE = 0.10  # rounds whose speeds span more than this (slowest over fastest, minus 1): say so
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -72,6 +73,28 @@ def tied_set(runs: Mapping[K, Sequence[float]]) -> list[K]:
     order = sorted(usable, key=lambda k: float(np.median(usable[k])))
     best = usable[order[0]]
     return [k for k in order if not slower(usable[k], best)]
+
+
+def round_factors(runs: Mapping[K, Sequence[float]]) -> list[float]:
+    """How fast each :func:`interleaved` round ran against the others: for each round, the median over
+    the candidates of the run taken in it over that candidate's median (1.0: a typical round; 1.2: one
+    where everything ran 20% slower). Only candidates with a run in every round count; empty when fewer
+    than two of them or fewer than two rounds.
+
+    Interleaving keeps a drift of the machine's speed (another VM on the host, a clock change) out of
+    the comparisons, since every round visits every candidate; it still widens each candidate's runs,
+    so fewer differences pass the test and the tied set grows. This is how to see that it happened."""
+    rounds = max((len(v) for v in runs.values()), default=0)
+    full = [np.asarray(v, dtype=float) for v in runs.values() if len(v) == rounds]
+    if rounds < 2 or len(full) < 2:
+        return []
+    relative = np.stack([v / np.median(v) for v in full])
+    return [float(f) for f in np.median(relative, axis=0)]
+
+
+def drift(factors: Sequence[float]) -> float:
+    """The span of :func:`round_factors`: the slowest round over the fastest, minus 1 (0.0 without)."""
+    return max(factors) / min(factors) - 1.0 if factors and min(factors) > 0 else 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.compare import interleaved, tied_set
+from autotune.compare import interleaved, round_factors, tied_set
 from autotune.measure import Measurement, MeasureOptions, RunStats, tiled_dense
 from autotune.space import SearchSpace
 from autotune.supervisor import MeasurementAborted, Supervisor
@@ -76,6 +76,11 @@ class RecordedTable:
         reaching any of them is a search's success."""
         ok = {k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok" and m.runs_ms}
         return set(tied_set(ok))
+
+    def round_factors(self) -> list[float]:
+        """How fast each of the table's rounds ran against the others
+        (:func:`autotune.compare.round_factors` over the ok entries' runs)."""
+        return round_factors({k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok"})
 
     def space(self) -> SearchSpace:
         return SearchSpace(self.workload, self.backend)

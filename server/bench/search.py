@@ -49,7 +49,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from autotune.compare import difference
+from autotune.compare import DRIFT_ABOVE, difference, drift
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
@@ -157,6 +157,25 @@ def heuristic_key(table: RecordedTable) -> str | None:
     wl = table.workload
     key = heuristic_config(wl.pattern, table.backend, wl.dtype).key
     return key if key in table.entries else None
+
+
+def drift_note(table: RecordedTable) -> str | None:
+    """A sentence saying the machine's speed moved while ``table`` was timed, when its rounds span more
+    than :data:`autotune.compare.DRIFT_ABOVE` (:meth:`RecordedTable.round_factors`); None otherwise.
+
+    The comparisons stay fair (every round timed every config), but each config's runs are wider, so the
+    tied set is larger and the table tells fewer configs apart: a search reaches "tied" sooner on it."""
+    factors = table.round_factors()
+    span = drift(factors)
+    if span <= DRIFT_ABOVE:
+        return None
+    rounds = " ".join(f"{f:.2f}" for f in factors)
+    return (
+        f"the machine's speed moved while this table was timed: its rounds ran {span:.0%} apart (each round's "
+        f"median run over the config's median, round by round: {rounds}). Every round timed every config, so "
+        f"the comparisons stay fair, but the runs are wider and {len(table.tied_with_best())} configs are tied "
+        "with the fastest; recorded while the machine holds steady, it would tell more configs apart"
+    )
 
 
 @dataclasses.dataclass

@@ -296,6 +296,7 @@ def bench_search_cmd(
     from autotune.replay import RecordedTable, record_table
     from server.bench.search import (
         check_peer_order,
+        drift_note,
         family_prior,
         neighbour_bests,
         print_search_report,
@@ -337,6 +338,8 @@ def bench_search_cmd(
             f"saved {len(table.entries)} configs to {out_path} ({rounds} interleaved rounds); best "
             f"{best_config.describe()} {best.median_ms:.3f} ms, {len(table.tied_with_best())} configs tied with it"
         )
+        if (note := drift_note(table)) is not None:
+            err.print(f"[yellow]{escape(note)}[/]")
         return
     if warm_start not in ("on", "off", "both"):
         raise typer.BadParameter("--warm-start must be on, off or both")
@@ -353,6 +356,8 @@ def bench_search_cmd(
     versions = replay_versions()  # in every row: rows of runs in other installs stay told apart
     loaded = {path: RecordedTable.load(path) for path in replay}
     for path, table in loaded.items():
+        if (note := drift_note(table)) is not None:
+            err.print(f"[yellow]{path.name}: {escape(note)}[/]")
         seeds_of = neighbour_bests(table, list(loaded.values())) if neighbours else []
         prior = family_prior(table, list(loaded.values())) if neighbours else None
         for name in names:

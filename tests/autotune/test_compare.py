@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from autotune.compare import (
     MIN_EFFECT,
     difference,
+    drift,
     interleaved,
     interleaved_over_processes,
     pooled,
+    round_factors,
     slower,
     speedup,
     tied_set,
@@ -71,6 +73,24 @@ def test_interleaved_visits_every_candidate_once_per_round_in_fresh_orders() -> 
     assert [sorted(visits[i : i + 3]) for i in range(0, 90, 3)] == [["x", "y", "z"]] * 30
     assert len({tuple(visits[i : i + 3]) for i in range(0, 90, 3)}) > 1  # the order changes between rounds
     assert {k: len(v) for k, v in out.items()} == {"x": 30, "y": 30, "z": 30}
+
+
+def test_round_factors_show_a_step_in_the_machines_speed() -> None:
+    """Three rounds fast, then seven 25% slower for every candidate alike (as when another VM wakes on
+    the host): each round's factor is its run over the candidate's median, whatever the candidate's speed."""
+    speeds = {"a": 1.0, "b": 3.0, "c": 10.0, "d": 0.5}
+    step = [0.8] * 3 + [1.0] * 7
+    factors = round_factors({k: [v * f for f in step] for k, v in speeds.items()})
+    assert factors == pytest.approx(step)
+    assert drift(factors) == pytest.approx(0.25)
+    # Noise that is not tied to a round cancels out in the median over candidates.
+    rng = np.random.default_rng(3)
+    steady = {k: list(v * np.exp(rng.normal(0.0, 0.1, 10))) for k, v in {f"c{i}": i + 1.0 for i in range(200)}.items()}
+    assert drift(round_factors(steady)) < 0.05
+    # Candidates missing a round do not count; too little to say anything is an empty list and no drift.
+    assert round_factors({"a": [1.0, 2.0], "b": [2.0, 4.0], "c": [5.0]}) == pytest.approx([2 / 3, 4 / 3])
+    assert round_factors({"a": [1.0] * 10}) == [] and round_factors({"a": [1.0], "b": [2.0]}) == []
+    assert drift([]) == 0.0
 
 
 def test_speedup_pairs_runs_taken_side_by_side() -> None:

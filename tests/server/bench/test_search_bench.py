@@ -140,3 +140,36 @@ def test_json_output_is_strict_json_with_null_where_a_median_never_reached() -> 
     (row,) = json.loads(result.stdout, parse_constant=refuse)
     assert row["reached"] == "0/3" and row["median_trials_to_tied"] is None
     assert row["trials_to_tied"] == [None, None, None] and row["median_regret"]["40"] is None
+
+
+def test_a_table_timed_while_the_machine_drifted_says_so() -> None:
+    """Rounds 4-10 of small-mixed made 25% slower for every config, as a host's other VM waking would: the
+    drift note gives the span and the rounds; the table as recorded (its rounds within 3%) has none. Recording
+    and replaying print it, so a tied set made large by a drift is not read as a flat table."""
+    import dataclasses
+
+    from autotune.replay import RecordedTable
+    from server.bench.search import drift_note
+
+    table = RecordedTable.load(TABLES[1])
+    assert drift_note(table) is None
+    step = [1.0] * 3 + [1.25] * 7
+    drifted = dataclasses.replace(
+        table,
+        entries={
+            k: (c, dataclasses.replace(m, runs_ms=tuple(r * f for r, f in zip(m.runs_ms, step, strict=True))))
+            for k, (c, m) in table.entries.items()
+        },
+    )
+    note = drift_note(drifted)
+    assert note is not None and "rounds ran 2" in note and f"{len(drifted.tied_with_best())} configs are tied" in note
+    assert len(drifted.tied_with_best()) > len(table.tied_with_best())  # what the drift costs the table
+    # A committed table recorded through such a step: rounds 1-3 ran about 0.82 of the rest.
+    wide = {"COLUMNS": "250"}
+    drifted_table = str(bundled_table("suffix-hd128-1k-f32.v2.xla.json"))
+    for path, expected in ((drifted_table, True), (TABLES[1], False)):
+        args = ["bench", "search", "--replay", path, "--sampler", "random", "--seeds", "1", "--budget", "2"]
+        result = runner.invoke(cli, args, env=wide)
+        assert result.exit_code == 0, result.output
+        said = "the machine's speed moved while this table was timed" in " ".join(result.stderr.split())
+        assert said == expected, result.stderr
