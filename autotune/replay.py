@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import platform
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +33,21 @@ from kernel.workload import Workload
 ANCHORED_CONFIGS = 8  # record_table times the tiled dense anchors of this many of the fastest configs
 TABLE_FORMAT = 2  # 2: interleaved runs, anchors and the recording's rounds; 1 (no anchors) still loads
 TABLES = Path(__file__).resolve().parent / "tables"  # the recorded tables shipped as package data
+
+
+def host_description(proc: Path = Path("/proc")) -> str:
+    """This machine's CPU model and core count, e.g. ``AMD EPYC, 2 cores``: two tables of one workload
+    recorded on different hosts differ by the host (the same dense anchor ran 1.5x slower on one of this
+    project's CI machines than on another), and a table's header should say which it was."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in (proc / "cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def bundled_table(name: str) -> Path:
@@ -63,6 +80,7 @@ class RecordedTable:
     anchors: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
     rounds: int = 0
     clock: str = "wall"
+    host: str = ""  # the CPU the runs were taken on (:func:`host_description`); "" for tables older than it
 
     @property
     def best(self) -> tuple[TileConfig, Measurement]:
@@ -95,6 +113,7 @@ class RecordedTable:
             "versions": self.versions,
             "rounds": self.rounds,
             "clock": self.clock,
+            **({"host": self.host} if self.host else {}),
             "anchors": {name: list(runs) for name, runs in self.anchors.items()},
             "entries": [
                 {"config": c.to_dict(), **{k: v for k, v in m.to_dict().items() if v not in (None, ())}}
@@ -124,6 +143,7 @@ class RecordedTable:
             {name: tuple(runs) for name, runs in data.get("anchors", {}).items()},
             int(data.get("rounds", 0)),
             data.get("clock", "wall"),
+            data.get("host", ""),
         )
 
 
@@ -235,4 +255,5 @@ def record_table(
         anchors,
         rounds,
         clock,
+        host_description(),
     )

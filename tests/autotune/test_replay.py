@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from autotune.measure import Measurement, tiled_dense
 from autotune.replay import TABLES as TABLES_DIR
-from autotune.replay import RecordedTable, ReplayMeasurer, record_table
+from autotune.replay import RecordedTable, ReplayMeasurer, host_description, record_table
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from kernel.layout import VideoLayout
@@ -403,12 +404,21 @@ def test_record_a_small_table_and_reload_it(tmp_path: Any) -> None:
     assert again.anchors == table.anchors and again.tied_with_best() == table.tied_with_best()
     # Recorded as a CPU backend is measured: on one core, in CPU time; older tables read as wall.
     assert table.clock == again.clock == "cpu"
+    # The header names the host: a table of the same workload from another machine is not the same table.
+    assert again.host == table.host == host_description() and f"{os.cpu_count()} cores" in table.host
     old = table.to_json()
-    del old["clock"]
+    del old["clock"], old["host"]
     path.write_text(json.dumps(old))
-    assert RecordedTable.load(path).clock == "wall"
+    assert RecordedTable.load(path).clock == "wall" and RecordedTable.load(path).host == ""
     replayer = ReplayMeasurer(again)
     config = again.best[0]
     assert replayer.anchor_runs("tiled_dense", 6, config)[:4] == list(
         table.anchors[f"tiled_dense:{tiled_dense(workload.pattern, config)[1].key}"]
     )
+
+
+def test_the_host_is_read_from_cpuinfo_and_falls_back_without_it(tmp_path: Any) -> None:
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: fpu\n")
+    assert host_description(tmp_path) == f"Example CPU 9000, {os.cpu_count()} cores"
+    bare = host_description(tmp_path / "missing")  # no /proc: what the platform module says
+    assert bare.endswith(f", {os.cpu_count()} cores") and not bare.startswith(",")
