@@ -37,8 +37,8 @@ TABLES = Path(__file__).resolve().parent / "tables"  # the recorded tables shipp
 
 def host_description(proc: Path = Path("/proc")) -> str:
     """This machine's CPU model and core count, e.g. ``AMD EPYC, 2 cores``: two tables of one workload
-    recorded on different hosts differ by the host (the same dense anchor ran 1.5x slower on one of this
-    project's CI machines than on another), and a table's header should say which it was."""
+    recorded on different hosts differ by the host (the library's dense anchor, unchanged code, ran 1.5-2x
+    its earlier time when three tables were re-recorded on another VM), and a table's header should say which."""
     model = platform.processor() or platform.machine()
     try:
         for line in (proc / "cpuinfo").read_text().splitlines():
