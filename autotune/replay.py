@@ -39,14 +39,13 @@ def host_description(proc: Path = Path("/proc")) -> str:
     """This machine's CPU model and core count, e.g. ``AMD EPYC, 2 cores``: two tables of one workload
     recorded on different hosts differ by the host (the library's dense anchor, unchanged code, ran 1.5-2x
     its earlier time when three tables were re-recorded on another VM), and a table's header should say which."""
-    model = platform.processor() or platform.machine()
     try:
-        for line in (proc / "cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+        lines = (proc / "cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        lines = []
+    named = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    # platform.processor() may run `uname -p` in a subprocess: only asked when cpuinfo names no model.
+    model = named or platform.processor() or platform.machine()
     return f"{model}, {os.cpu_count()} cores"
 
 
