@@ -88,16 +88,19 @@ class RecordedTable:
             raise ValueError("the table has no ok entry")
         return min(ok, key=lambda cm: cm[1].median_ms or 0.0)
 
+    def _ok_runs(self) -> dict[str, tuple[float, ...]]:
+        """The runs of every ok entry that has any, by key."""
+        return {k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok" and m.runs_ms}
+
     def tied_with_best(self) -> set[str]:
         """Keys of the configs statistically tied with the fastest (:func:`autotune.compare.tied_set`):
         reaching any of them is a search's success."""
-        ok = {k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok" and m.runs_ms}
-        return set(tied_set(ok))
+        return set(tied_set(self._ok_runs()))
 
     def round_factors(self) -> list[float]:
         """How fast each of the table's rounds ran against the others
         (:func:`autotune.compare.round_factors` over the ok entries' runs)."""
-        return round_factors({k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok"})
+        return round_factors(self._ok_runs())
 
     def space(self) -> SearchSpace:
         return SearchSpace(self.workload, self.backend)
