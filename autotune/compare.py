@@ -92,6 +92,18 @@ def round_factors(runs: Mapping[K, Sequence[float]]) -> list[float]:
     return [float(f) for f in np.median(relative, axis=0)]
 
 
+def normalised_by_round(runs: Mapping[K, Sequence[float]]) -> dict[K, list[float]]:
+    """``runs`` with each run divided by its round's factor (:func:`round_factors`): a drift of the
+    machine's speed between rounds taken out of each candidate's spread, leaving the spread it had
+    within the rounds. A candidate without a run in every round keeps its runs (no factor lines up with
+    them), and so does every candidate when there are no factors."""
+    factors = round_factors(runs)
+    return {
+        k: [r / f for r, f in zip(v, factors, strict=True)] if factors and len(v) == len(factors) else list(v)
+        for k, v in runs.items()
+    }
+
+
 def drift(factors: Sequence[float]) -> float:
     """The span of :func:`round_factors`: the slowest round over the fastest, minus 1 (0.0 without)."""
     return max(factors) / min(factors) - 1.0 if factors and min(factors) > 0 else 0.0

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.compare import interleaved, round_factors, tied_set
+from autotune.compare import interleaved, normalised_by_round, round_factors, tied_set
 from autotune.measure import Measurement, MeasureOptions, RunStats, tiled_dense
 from autotune.space import SearchSpace
 from autotune.supervisor import MeasurementAborted, Supervisor
@@ -92,10 +92,13 @@ class RecordedTable:
         """The runs of every ok entry that has any, by key."""
         return {k: m.runs_ms for k, (_c, m) in self.entries.items() if m.status == "ok" and m.runs_ms}
 
-    def tied_with_best(self) -> set[str]:
+    def tied_with_best(self, normalised: bool = False) -> set[str]:
         """Keys of the configs statistically tied with the fastest (:func:`autotune.compare.tied_set`):
-        reaching any of them is a search's success."""
-        return set(tied_set(self._ok_runs()))
+        reaching any of them is a search's success. ``normalised``: test the runs divided by their round's
+        factor (:func:`autotune.compare.normalised_by_round`), so a drift of the machine between rounds
+        does not widen the set; every shipped figure is scored on the runs as recorded."""
+        runs = self._ok_runs()
+        return set(tied_set(normalised_by_round(runs) if normalised else runs))
 
     def round_factors(self) -> list[float]:
         """How fast each of the table's rounds ran against the others

@@ -62,6 +62,9 @@ BUDGETS = (10, 20, 40)
 # How each parameter's values are listed to Kernel Tuner: ascending sizes and categories in the space's
 # order, each list reversed, or each list in an order drawn from the run's seed.
 PEER_ORDERS = ("listed", "reversed", "shuffled")
+# Which runs the tied test reads: as recorded (every shipped figure), or each divided by its round's factor
+# (RecordedTable.tied_with_best), for tables whose rounds ran at different speeds.
+TIED_RULES = ("recorded", "normalised")
 DATABASE_TRIALS = 40  # trials a tune leaves in the database: the default budget of ``tiletune tune``
 PEER_PREFIX = "kt:"
 # Kernel Tuner's strategies that run in simulation mode on a discrete space, and that "kt:all" means.
@@ -192,6 +195,7 @@ class Scores:
     neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
     prior: bool = False  # whether the family's model steered the strategy
     peer_order: str | None = None  # a peer's listing of each parameter's values (PEER_ORDERS); None: not a peer
+    tied_rule: str = "recorded"  # which runs the tied set was taken from (TIED_RULES)
     error: str | None = None  # why a peer failed on this table (its figures are then absent), None: it ran
 
     def summary(self) -> dict[str, Any]:
@@ -205,6 +209,7 @@ class Scores:
             "peer_order": self.peer_order,
             "table_size": self.size,
             "tied_set": self.tied,
+            "tied_rule": self.tied_rule,
         }
         if self.error is not None:
             return {**row, "error": self.error}
@@ -280,16 +285,20 @@ def replay(
     neighbours: Sequence[TileConfig] = (),
     prior: Ridge | None = None,
     peer_order: str = "listed",
+    tied_rule: str = "recorded",
 ) -> Scores:
     """Run ``strategy`` with seeds 0..``seeds``-1 on ``table``, each measuring at most ``budget`` configs
     (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start, and ``prior``
-    (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`)."""
+    (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`);
+    ``tied_rule`` which runs the tied set is taken from (:data:`TIED_RULES`)."""
     check_peer_order(peer_order)  # a bad argument is the caller's error, not a peer's failure on this table
+    check_tied_rule(tied_rule)
     budget = min(budget or max(BUDGETS), len(table.entries))
     # The regret at N trials is only known for N within the budget, or when the budget measured the whole table.
     covered = [b for b in BUDGETS if b <= budget or budget == len(table.entries)]
-    tied = table.tied_with_best()
+    tied = table.tied_with_best(normalised=tied_rule == "normalised")
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in covered})
+    scores.tied_rule = tied_rule
     scores.neighbours = len(neighbours) if warm_start else 0
     scores.prior = warm_start and prior is not None and strategy == "surrogate"
     scores.peer_order = peer_order if strategy.startswith(PEER_PREFIX) else None
@@ -314,6 +323,12 @@ def check_peer_order(order: str) -> None:
     """ValueError naming the peer orders when ``order`` is not one of :data:`PEER_ORDERS`."""
     if order not in PEER_ORDERS:
         raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {order!r}")
+
+
+def check_tied_rule(rule: str) -> None:
+    """ValueError naming the rules when ``rule`` is not one of :data:`TIED_RULES`."""
+    if rule not in TIED_RULES:
+        raise ValueError(f"tied rule must be one of {', '.join(TIED_RULES)}, got {rule!r}")
 
 
 def _peer_sequence(
@@ -478,6 +493,8 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
         "median of the best config measured in N trials over the table's fastest (1.000 = no regret; '-': N is "
         "past the budget)"
     )
+    if any(r.get("tied_rule") == "normalised" for r in rows):
+        out.print("tied sets taken from each run divided by its round's factor (--tied normalised)")
     versions = rows[0].get("versions") if rows else None
     if versions:
         out.print("replayed with " + ", ".join(f"{k} {v}" for k, v in versions.items() if v is not None))

@@ -285,6 +285,13 @@ def bench_search_cmd(
             "each list reversed, each drawn from the seed); its strategies' figures can depend on it",
         ),
     ] = "listed",
+    tied: Annotated[
+        str,
+        typer.Option(
+            help="recorded | normalised: the tied set from the runs as recorded (every shipped figure), or from "
+            "each run divided by its round's factor, taking a drift of the machine between rounds out",
+        ),
+    ] = "recorded",
     as_json: Annotated[bool, typer.Option("--json")] = False,
     tables: Annotated[
         list[Path] | None,
@@ -296,6 +303,7 @@ def bench_search_cmd(
     from autotune.replay import RecordedTable, record_table
     from server.bench.search import (
         check_peer_order,
+        check_tied_rule,
         drift_note,
         family_prior,
         neighbour_bests,
@@ -348,6 +356,10 @@ def bench_search_cmd(
     except ValueError as exc:
         raise typer.BadParameter(f"--peer-order: {exc}") from None
     try:
+        check_tied_rule(tied)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--tied: {exc}") from None
+    try:
         names = strategies([s.strip() for s in sampler.split(",") if s.strip()])
     except ValueError as exc:
         raise fail(str(exc)) from None
@@ -357,7 +369,8 @@ def bench_search_cmd(
     loaded = {path: RecordedTable.load(path) for path in replay}
     for path, table in loaded.items():
         if (note := drift_note(table)) is not None:
-            err.print(f"[yellow]{path.name}: {escape(note)}[/]")
+            hint = "" if tied == "normalised" else " (--tied normalised takes the rounds' speeds out of the tied test)"
+            err.print(f"[yellow]{path.name}: {escape(note)}{hint}[/]")
         seeds_of = neighbour_bests(table, list(loaded.values())) if neighbours else []
         prior = family_prior(table, list(loaded.values())) if neighbours else None
         for name in names:
@@ -373,6 +386,7 @@ def bench_search_cmd(
                     neighbours=seeds_of,
                     prior=prior,
                     peer_order=peer_order,
+                    tied_rule=tied,
                 )
                 if scores.error is not None:
                     err.print(f"[yellow]{name} failed on {path.name}: {escape(scores.error)}[/]")

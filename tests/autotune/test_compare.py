@@ -13,6 +13,7 @@ from autotune.compare import (
     drift,
     interleaved,
     interleaved_over_processes,
+    normalised_by_round,
     pooled,
     round_factors,
     slower,
@@ -91,6 +92,22 @@ def test_round_factors_show_a_step_in_the_machines_speed() -> None:
     assert round_factors({"a": [1.0, 2.0], "b": [2.0, 4.0], "c": [5.0]}) == pytest.approx([2 / 3, 4 / 3])
     assert round_factors({"a": [1.0] * 10}) == [] and round_factors({"a": [1.0], "b": [2.0]}) == []
     assert drift([]) == 0.0
+
+
+def test_runs_normalised_by_round_lose_the_step_and_keep_the_spread_within_rounds() -> None:
+    """Divided by their round's factor, runs taken through a step in the machine's speed are what they would
+    have been without it: a candidate whose runs only moved with the step becomes flat, one that also varied
+    within the rounds keeps that variation; a candidate missing a round is left as it was."""
+    step = [0.8] * 3 + [1.0] * 7
+    within = [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.0, 1.2, 0.8]
+    runs = {"a": [2.0 * f for f in step], "b": [5.0 * f for f in step]}
+    runs["c"] = [3.0 * f * w for f, w in zip(step, within, strict=True)]
+    runs["short"] = [7.0, 8.0]
+    out = normalised_by_round(runs)
+    assert out["a"] == pytest.approx([2.0] * 10) and out["b"] == pytest.approx([5.0] * 10)
+    assert out["c"] == pytest.approx([3.0 * w for w in within])
+    assert out["short"] == [7.0, 8.0]
+    assert normalised_by_round({"a": [1.0, 2.0]}) == {"a": [1.0, 2.0]}  # one candidate: no factors, runs as given
 
 
 def test_speedup_pairs_runs_taken_side_by_side() -> None:

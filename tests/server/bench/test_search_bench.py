@@ -164,6 +164,8 @@ def test_a_table_timed_while_the_machine_drifted_says_so() -> None:
     note = drift_note(drifted)
     assert note is not None and "rounds ran 2" in note and f"{len(drifted.tied_with_best())} configs are tied" in note
     assert len(drifted.tied_with_best()) > len(table.tied_with_best())  # what the drift costs the table
+    # Divided by their round's factor, the drifted runs give back the table's own tied set.
+    assert drifted.tied_with_best(normalised=True) == table.tied_with_best(normalised=True)
     # A committed table recorded through such a step: rounds 1-3 ran about 0.82 of the rest.
     wide = {"COLUMNS": "250"}
     drifted_table = str(bundled_table("suffix-hd128-1k-f32.v2.xla.json"))
@@ -173,3 +175,18 @@ def test_a_table_timed_while_the_machine_drifted_says_so() -> None:
         assert result.exit_code == 0, result.output
         said = "the machine's speed moved while this table was timed" in " ".join(result.stderr.split())
         assert said == expected, result.stderr
+
+    # --tied normalised scores a replay on those runs: the step out, suffix-hd128-1k-f32's tied set shrinks.
+    args = ["bench", "search", "--replay", drifted_table, "--sampler", "random", "--seeds", "1", "--budget", "2"]
+    rows = {}
+    for rule in ("recorded", "normalised"):
+        result = runner.invoke(cli, [*args, "--tied", rule, "--json"], env=wide)
+        assert result.exit_code == 0, result.output
+        (rows[rule],) = [r for r in json.loads(result.stdout) if r["warm_start"]]
+        assert rows[rule]["tied_rule"] == rule
+    recorded = RecordedTable.load(drifted_table)
+    assert rows["recorded"]["tied_set"] == len(recorded.tied_with_best())
+    assert rows["normalised"]["tied_set"] == len(recorded.tied_with_best(normalised=True))
+    assert rows["normalised"]["tied_set"] < rows["recorded"]["tied_set"]
+    result = runner.invoke(cli, [*args, "--tied", "paired"], env=wide)
+    assert result.exit_code == 2 and "--tied" in result.output and "recorded, normalised" in result.output
