@@ -291,8 +291,9 @@ def replay(
     (default: the largest of BUDGETS, capped by the table); ``neighbours`` join the warm start, and ``prior``
     (the family's model) with it; ``peer_order`` is how a peer sees the values listed (:data:`PEER_ORDERS`);
     ``tied_rule`` which runs the tied set is taken from (:data:`TIED_RULES`)."""
-    check_peer_order(peer_order)  # a bad argument is the caller's error, not a peer's failure on this table
-    check_tied_rule(tied_rule)
+    # A bad argument is the caller's error, not a peer's failure on this table.
+    check_choice("peer order", peer_order, PEER_ORDERS)
+    check_choice("tied rule", tied_rule, TIED_RULES)
     budget = min(budget or max(BUDGETS), len(table.entries))
     # The regret at N trials is only known for N within the budget, or when the budget measured the whole table.
     covered = [b for b in BUDGETS if b <= budget or budget == len(table.entries)]
@@ -319,16 +320,10 @@ def replay(
     return scores
 
 
-def check_peer_order(order: str) -> None:
-    """ValueError naming the peer orders when ``order`` is not one of :data:`PEER_ORDERS`."""
-    if order not in PEER_ORDERS:
-        raise ValueError(f"peer order must be one of {', '.join(PEER_ORDERS)}, got {order!r}")
-
-
-def check_tied_rule(rule: str) -> None:
-    """ValueError naming the rules when ``rule`` is not one of :data:`TIED_RULES`."""
-    if rule not in TIED_RULES:
-        raise ValueError(f"tied rule must be one of {', '.join(TIED_RULES)}, got {rule!r}")
+def check_choice(what: str, value: str, choices: Sequence[str]) -> None:
+    """ValueError naming ``choices`` when ``value`` (a ``what``: "peer order", "tied rule") is not one of them."""
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _peer_sequence(
@@ -347,7 +342,7 @@ def _peer_sequence(
         draw = np.random.default_rng([seed, len(table.entries)])
         dims = {n: tuple(v[i] for i in draw.permutation(len(v))) for n, v in dims.items()}
     else:
-        check_peer_order(order)
+        check_choice("peer order", order, PEER_ORDERS)
     names = list(dims)
     by_values: dict[tuple[Any, ...], str] = {}
     cache: dict[str, dict[str, Any]] = {}

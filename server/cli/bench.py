@@ -302,8 +302,9 @@ def bench_search_cmd(
     from autotune.compare import MIN_RUNS
     from autotune.replay import RecordedTable, record_table
     from server.bench.search import (
-        check_peer_order,
-        check_tied_rule,
+        PEER_ORDERS,
+        TIED_RULES,
+        check_choice,
         drift_note,
         family_prior,
         neighbour_bests,
@@ -351,14 +352,14 @@ def bench_search_cmd(
         return
     if warm_start not in ("on", "off", "both"):
         raise typer.BadParameter("--warm-start must be on, off or both")
-    try:
-        check_peer_order(peer_order)
-    except ValueError as exc:
-        raise typer.BadParameter(f"--peer-order: {exc}") from None
-    try:
-        check_tied_rule(tied)
-    except ValueError as exc:
-        raise typer.BadParameter(f"--tied: {exc}") from None
+    for flag, what, value, choices in (
+        ("--peer-order", "peer order", peer_order, PEER_ORDERS),
+        ("--tied", "tied rule", tied, TIED_RULES),
+    ):
+        try:
+            check_choice(what, value, choices)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{flag}: {exc}") from None
     try:
         names = strategies([s.strip() for s in sampler.split(",") if s.strip()])
     except ValueError as exc:
