@@ -241,25 +241,36 @@ def test_the_structural_prior_weighs_the_work_of_the_visited_tiles_and_a_quarter
     assert np.allclose(structural_prior(x.shape[1]).predict(x), expected)
 
 
+# Shipped tables whose recorded medians the structural prior ranks at a Spearman correlation of 0.2 or
+# less, with why each is known. Strict, like test_strategy's KNOWN_MISSES: a table that joins or leaves
+# this set fails the test until it is written down here.
+KNOWN_WEAK_PRIOR = {
+    "spatial-prefix-hd32-bf16.v2.xla.json": "held out, version 2: -0.087",
+    "spatial-suffix-hd32-b2-bf16.v2.xla.json": "held out, version 2: -0.098",
+    "spatial-sink-prefix-12k-f32.xla.json": "held out: 0.055",
+    "spatial-suffix-8k-f32.v2.xla.json": "held out, version 2: 0.145",
+}
+
+
 def test_the_structural_prior_ranks_the_recorded_configs_of_most_shipped_tables() -> None:
     """Before anything is measured it is the search's whole knowledge: it has to rank real configs better
     than chance. Over the shipped tables its Spearman correlation with the recorded medians is above 0.2 on
-    all but a few (it is a prior; the fit on measured trials corrects it).
+    all but the few named in KNOWN_WEAK_PRIOR (it is a prior; the fit on measured trials corrects it).
 
-    "A few" was three of the twenty tables the prior was chosen on (``88ae6b6``), so the bar is that share,
-    85%, of however many tables ship: the test runs over every table, and the held-out ones recorded since
-    add tables where the prior is weak (on 2026-12-07 four of 99: spatial-prefix-hd32-bf16.v2 -0.09,
-    spatial-suffix-hd32-b2-bf16.v2 -0.10, spatial-sink-prefix-12k-f32 0.06, spatial-suffix-8k-f32.v2 0.15,
-    all spatial-only)."""
-    rhos = []
+    Until 2026-12-07 the bar was "at most three tables", set on the twenty the prior was chosen on
+    (``88ae6b6``); the held-out tables recorded since brought a fourth (all four are spatial-only), and the
+    prior stays frozen for them, so they are named instead of the count being raised."""
+    rhos = {}
     for path in sorted(TABLES.glob("*.xla.json")):
         table = RecordedTable.load(path)
         space = table.space()
         configs, medians = zip(*_ok(table), strict=True)
         x = features(space, list(configs))
-        rhos.append(_spearman(structural_prior(x.shape[1]).predict(x), np.log(medians)))
+        rhos[path.name] = _spearman(structural_prior(x.shape[1]).predict(x), np.log(medians))
     assert len(rhos) >= 20
-    assert np.median(rhos) > 0.5 and sum(r > 0.2 for r in rhos) >= 0.85 * len(rhos), np.round(rhos, 2)
+    assert np.median(list(rhos.values())) > 0.5
+    weak = {name: round(r, 2) for name, r in rhos.items() if r <= 0.2}
+    assert set(weak) == set(KNOWN_WEAK_PRIOR), weak
 
 
 def test_without_a_warm_start_or_a_family_model_the_first_config_is_the_structural_priors_pick(
