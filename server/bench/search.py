@@ -162,6 +162,15 @@ def heuristic_key(table: RecordedTable) -> str | None:
     return key if key in table.entries else None
 
 
+def recorded_summary(table: RecordedTable) -> str:
+    """What `bench search --record` says of a table it saved: its fastest config and how many others are
+    tied with it (the tied set counts the fastest itself, so a set of one is "no other")."""
+    config, best = table.best
+    others = len(table.tied_with_best() - {config.key})
+    tied = "no other config is" if others == 0 else f"{others} other config{'s are' if others > 1 else ' is'}"
+    return f"best {config.describe()} {best.median_ms:.3f} ms; {tied} tied with it"
+
+
 def drift_note(table: RecordedTable) -> str | None:
     """A sentence saying the machine's speed moved while ``table`` was timed, when its rounds span more
     than :data:`autotune.compare.DRIFT_ABOVE` (:meth:`RecordedTable.round_factors`); None otherwise.

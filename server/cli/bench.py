@@ -309,6 +309,7 @@ def bench_search_cmd(
         family_prior,
         neighbour_bests,
         print_search_report,
+        recorded_summary,
         replay_versions,
         strategies,
     )
@@ -342,11 +343,8 @@ def bench_search_cmd(
 
             table = record_table(wl, rounds=rounds, progress=step)
         table.save(out_path)
-        best_config, best = table.best
-        err.print(
-            f"saved {len(table.entries)} configs to {out_path} ({rounds} interleaved rounds); best "
-            f"{best_config.describe()} {best.median_ms:.3f} ms, {len(table.tied_with_best())} configs tied with it"
-        )
+        saved = f"saved {len(table.entries)} configs to {out_path} ({rounds} interleaved rounds)"
+        err.print(f"{saved}; {recorded_summary(table)}")
         if (note := drift_note(table)) is not None:
             err.print(f"[yellow]{escape(note)}[/]")
         return

@@ -194,3 +194,19 @@ def test_a_table_timed_while_the_machine_drifted_says_so() -> None:
     assert "(--tied normalised takes" not in " ".join(result.stderr.split())  # no hint to use what is in use
     result = runner.invoke(cli, [*args, "--tied", "paired"], env=wide)
     assert result.exit_code == 2 and "--tied" in result.output and "recorded, normalised" in result.output
+
+
+def test_a_recorded_table_is_summarised_with_its_fastest_and_the_count_of_others_tied_with_it() -> None:
+    """The tied set holds the fastest itself: a table where nothing else is tied says so, not "1 configs"."""
+    from autotune.replay import RecordedTable
+    from server.bench.search import recorded_summary
+
+    alone = RecordedTable.load(bundled_table("mixed-9f-band-bf16.v2.xla.json"))
+    assert alone.tied_with_best() == {alone.best[0].key}
+    assert recorded_summary(alone).endswith("; no other config is tied with it")
+    assert recorded_summary(alone).startswith(f"best {alone.best[0].describe()} {alone.best[1].median_ms:.3f} ms")
+    crowded = RecordedTable.load(bundled_table("temporal-sink-16k-bf16.v2.xla.json"))
+    assert len(crowded.tied_with_best()) == 10  # the README's "(200, 10)"
+    assert recorded_summary(crowded).endswith("; 9 other configs are tied with it")
+    two = RecordedTable.load(bundled_table("spatial-prefix-w3-bf16.v2.xla.json"))
+    assert len(two.tied_with_best()) == 2 and recorded_summary(two).endswith("; 1 other config is tied with it")
