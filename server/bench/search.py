@@ -162,12 +162,17 @@ def heuristic_key(table: RecordedTable) -> str | None:
     return key if key in table.entries else None
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun`` as the subject of a sentence: "1 config is", "9 other configs are"."""
+    return f"{n} {noun} is" if n == 1 else f"{n} {noun}s are"
+
+
 def recorded_summary(table: RecordedTable) -> str:
     """What `bench search --record` says of a table it saved: its fastest config and how many others are
     tied with it (the tied set counts the fastest itself, so a set of one is "no other")."""
     config, best = table.best
     others = len(table.tied_with_best() - {config.key})
-    tied = "no other config is" if others == 0 else f"{others} other config{'s are' if others > 1 else ' is'}"
+    tied = "no other config is" if others == 0 else counted(others, "other config")
     return f"best {config.describe()} {best.median_ms:.3f} ms; {tied} tied with it"
 
 
@@ -185,7 +190,7 @@ def drift_note(table: RecordedTable) -> str | None:
     return (
         f"the machine's speed moved while this table was timed: its rounds ran {span:.0%} apart (each round's "
         f"median run over the config's median, round by round: {rounds}). Every round timed every config, so "
-        f"the comparisons stay fair, but the runs are wider and {len(table.tied_with_best())} configs are tied "
+        f"the comparisons stay fair, but the runs are wider and {counted(len(table.tied_with_best()), 'config')} tied "
         "with the fastest; recorded while the machine holds steady, it would tell more configs apart"
     )
 

@@ -210,3 +210,14 @@ def test_a_recorded_table_is_summarised_with_its_fastest_and_the_count_of_others
     assert recorded_summary(crowded).endswith("; 9 other configs are tied with it")
     two = RecordedTable.load(bundled_table("spatial-prefix-w3-bf16.v2.xla.json"))
     assert len(two.tied_with_best()) == 2 and recorded_summary(two).endswith("; 1 other config is tied with it")
+
+
+def test_the_drift_note_counts_its_tied_configs_in_a_sentence_that_agrees_with_the_count() -> None:
+    """The drift note and the record's summary say a count the same way (``counted``): "1 config is",
+    "10 configs are", never "1 configs are"."""
+    from autotune.replay import RecordedTable
+    from server.bench.search import counted, drift_note
+
+    assert (counted(1, "config"), counted(10, "config")) == ("1 config is", "10 configs are")
+    drifted = RecordedTable.load(bundled_table("temporal-sink-16k-bf16.v2.xla.json"))
+    assert "the runs are wider and 10 configs are tied with the fastest;" in (drift_note(drifted) or "")
