@@ -14,7 +14,7 @@ from kernel import attention, block_tables
 from kernel.attention import prepare_group
 from kernel.block_tables import EMPTY, FULL, PARTIAL
 from kernel.config import TileConfig
-from kernel.layout import VideoLayout
+from kernel.layout import MAX_SEQ_LEN, VideoLayout
 from kernel.pattern import HeadPattern, SparsityPattern
 from kernel.presets import get_preset
 from kernel.workload import Workload
@@ -144,11 +144,12 @@ BLOCKS = (1, 8, 16, 32, 128, 512, 2048)
 
 @st.composite
 def big_blockmaps(draw: st.DrawFn) -> tuple[TuningRecord, TileConfig]:
-    """Workloads of up to 2^24 tokens and 64 head classes (what a worker or ``tiletune tune`` may
-    store whatever the API's limits) at any legal tile sizes."""
+    """Workloads of up to MAX_SEQ_LEN (2^24) tokens, text included, and 64 head classes (what a worker or
+    ``tiletune tune`` may store whatever the API's limits) at any legal tile sizes."""
     frames = draw(st.integers(1, 4096))
-    tokens_per_frame = draw(st.integers(1, min(4096, (1 << 24) // frames)))
-    text = draw(st.integers(0, 512))
+    tokens_per_frame = draw(st.integers(1, min(4096, MAX_SEQ_LEN // frames)))
+    # The text fits in what the frames leave: 4096 x 4096 frames and one text token is one token too many.
+    text = draw(st.integers(0, min(512, MAX_SEQ_LEN - frames * tokens_per_frame)))
     layout = VideoLayout(frames, tokens_per_frame, text, draw(st.sampled_from(["prefix", "suffix"])))
     kinds = draw(st.lists(st.sampled_from(["dense", "spatial", "temporal"]), min_size=1, max_size=64))
     heads = []
