@@ -548,15 +548,16 @@ def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> 
         others = [r for r in group if r["strategy"] != default and not r.get("error")]
         if not mine or not others:
             continue
+        # Rows read back from --json say null where most seeds never reached (JSON has no infinity).
         best = min(
             others,
             key=lambda r: (
-                r["median_trials_to_tied"],
+                _or_inf(r["median_trials_to_tied"]),
                 -int(r["reached"].split("/")[0]),
                 _or_inf(r["median_regret"]["20"]),
             ),
         )
-        ours, theirs = mine[0]["median_trials_to_tied"], best["median_trials_to_tied"]
+        ours, theirs = _or_inf(mine[0]["median_trials_to_tied"]), _or_inf(best["median_trials_to_tied"])
         margin = theirs - ours if math.isfinite(ours) or math.isfinite(theirs) else 0.0
         out.append(
             {

@@ -142,6 +142,27 @@ def test_json_output_is_strict_json_with_null_where_a_median_never_reached() -> 
     assert row["trials_to_tied"] == [None, None, None] and row["median_regret"]["40"] is None
 
 
+def test_rows_read_back_from_json_give_the_same_head_to_head() -> None:
+    """The held-out verdicts are read from saved --json reports: a strategy whose median never reached is
+    null there, and head_to_head takes it as never reached, as it does the report's own rows."""
+    import math
+
+    from autotune.replay import RecordedTable
+    from server.bench.search import head_to_head, replay
+
+    args = ["--sampler", "surrogate,random", "--warm-start", "off", "--budget", "5", "--seeds", "3", "--json"]
+    result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[1], *args])
+    assert result.exit_code == 0, result.output
+    saved = json.loads(result.stdout)
+    assert [r["median_trials_to_tied"] is None for r in saved] == [False, True]  # random never reached
+    table = RecordedTable.load(TABLES[1])
+    name = "small-mixed.xla.json"
+    live = [replay(table, name, s, 3, budget=5, warm_start=False).summary() for s in ("surrogate", "random")]
+    (verdict,) = head_to_head(saved)
+    assert verdict == head_to_head(live)[0]
+    assert verdict["best_other_trials"] == math.inf and verdict["verdict"] == "leads"
+
+
 def test_a_table_timed_while_the_machine_drifted_says_so() -> None:
     """Rounds 4-10 of small-mixed made 25% slower for every config, as a host's other VM waking would: the
     drift note gives the span and the rounds; the table as recorded (its rounds within 3%) has none. Recording
