@@ -106,7 +106,12 @@ class RecordedTable:
         return round_factors(self._ok_runs())
 
     def space(self) -> SearchSpace:
-        return SearchSpace(self.workload, self.backend)
+        """The table's search space: one instance for as long as the table's workload and backend stay,
+        so what it counts once (valid configs, grid steps) serves every replay of the table."""
+        cached = self.__dict__.get("_space")
+        if cached is None or cached.workload is not self.workload or cached.backend != self.backend:
+            cached = self.__dict__["_space"] = SearchSpace(self.workload, self.backend)
+        return cached
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -65,19 +65,32 @@ class SearchSpace:
     def padding(self, config: TileConfig) -> float:
         return candidates.padding(self.workload, config)
 
+    @functools.cached_property
+    def _steps(self) -> dict[TileConfig, int]:
+        return {}
+
     def grid_steps(self, config: TileConfig) -> int:
         """Tile visits of ``config`` (:func:`kernel.cost.grid_steps`) by the kernel version the
-        workload names: a recorded table's, when its backend is this space's."""
-        version = self.workload.kernel_version if self.workload.backend == self.backend else None
-        return grid_steps(self.pattern, config, self.backend, version)
+        workload names: a recorded table's, when its backend is this space's. Counted once per config:
+        the count builds the config's block tables, and the default's model asks it for every valid config
+        (``autotune.surrogate.features``)."""
+        steps = self._steps.get(config)
+        if steps is None:
+            version = self.workload.kernel_version if self.workload.backend == self.backend else None
+            steps = self._steps[config] = grid_steps(self.pattern, config, self.backend, version)
+        return steps
 
     def candidates(self) -> list[TileConfig]:
         """Every point of the grid, valid or not."""
         return list(candidates.grid(self._dims))
 
+    @functools.cached_property  # frozen: the rules and the grid of one space never change
+    def _valid(self) -> tuple[TileConfig, ...]:
+        return tuple(c for c in candidates.grid(self._dims) if self.violation(c) is None)
+
     def enumerate(self) -> list[TileConfig]:
         """Every valid point (for exhaustive runs), in a stable order."""
-        return [c for c in candidates.grid(self._dims) if self.violation(c) is None]
+        return list(self._valid)
 
 
 class ParamCoding:

@@ -49,6 +49,36 @@ def test_at_least_three_committed_tables_are_exhaustive_and_valid() -> None:
         assert table.dense_ms and table.dense_ms > 0
 
 
+def test_a_tables_space_counts_each_configs_grid_steps_once(monkeypatch: Any) -> None:
+    """Every replay of a table (a seed, a strategy) shares one SearchSpace, which builds a config's block
+    tables to count its grid steps once: the default's model asks for every valid config's, and recounting
+    them per seed took most of a replay's time. A table given another workload gets its own space."""
+    from autotune import space as space_module
+    from kernel.cost import grid_steps
+
+    table = RecordedTable.load(TABLES_DIR / "suffix-sink.xla.json")
+    counted: list[Any] = []
+
+    def counting(*args: Any) -> int:
+        counted.append(args[1])
+        return grid_steps(*args)
+
+    monkeypatch.setattr(space_module, "grid_steps", counting)
+    space = table.space()
+    assert table.space() is space and space.enumerate() == SearchSpace(table.workload, table.backend).enumerate()
+    for seed in range(2):
+        run_search(
+            table.space(), ReplayMeasurer(table), SearchOptions(trials=5, seed=seed, prune=False), finalize=False
+        )
+    valid = space.enumerate()
+    assert sorted(counted, key=lambda c: c.key) == sorted(valid, key=lambda c: c.key)  # each once, no more
+    assert [space.grid_steps(c) for c in valid] == [
+        grid_steps(space.pattern, c, "xla", table.workload.kernel_version) for c in valid
+    ]
+    other = dataclasses.replace(table, workload=dataclasses.replace(table.workload, batch=2))
+    assert other.space() is not space and other.space().workload.batch == 2
+
+
 def test_replay_answers_recorded_measurements() -> None:
     table = RecordedTable.load(TABLES[0])
     measurer = ReplayMeasurer(table)
