@@ -65,6 +65,15 @@ def slower(a: Sequence[float], b: Sequence[float]) -> bool:
     return d.real and d.ratio > 1.0
 
 
+def exceeds(a: Sequence[float], b: Sequence[float], factor: float) -> bool:
+    """Whether runs ``a`` are reliably more than ``factor`` times runs ``b``: ``a``'s median above
+    ``factor`` times ``b``'s, and the Mann-Whitney U test of :func:`difference` telling ``a`` from ``b``
+    scaled by ``factor`` at ``ALPHA``. ``factor`` is the effect that matters (``bench search``'s 3% bound
+    on regret), so MIN_EFFECT is not added on top of it."""
+    d = difference(a, [factor * x for x in b])
+    return d.p_value < ALPHA and d.ratio > 1.0
+
+
 def tied_set(runs: Mapping[K, Sequence[float]]) -> list[K]:
     """The candidates not reliably slower than the one with the fastest median, fastest first."""
     usable = {k: v for k, v in runs.items() if len(v)}

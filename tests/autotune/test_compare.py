@@ -11,6 +11,7 @@ from autotune.compare import (
     MIN_EFFECT,
     difference,
     drift,
+    exceeds,
     interleaved,
     interleaved_over_processes,
     normalised_by_round,
@@ -45,6 +46,26 @@ def test_a_clear_difference_is_real_and_a_tiny_one_is_not(seed: int) -> None:
     # 0.5% apart: significant with enough runs, but below the effect a user could see.
     near = [x * 1.005 for x in fast]
     assert not slower(near, fast)
+
+
+def test_runs_exceed_a_factor_of_others_only_beyond_their_noise() -> None:
+    """bench search's regret bound, on 10 runs each as a recorded table holds: 10% slower with the runs
+    within 5% of their median is over 1.03x beyond the noise, 2% slower is not over it, and 12% slower
+    with the runs spread 40% (a noisy table's next-fastest config) is over 1.03x by the medians only."""
+    pattern = [(i * 7) % 11 - 5 for i in range(10)]  # -5..5 in a fixed shuffled order
+    fastest = [10.0 * (1 + 0.01 * u) for u in pattern]  # +-5%
+    assert exceeds([x * 1.10 for x in fastest], fastest, 1.03)
+    assert not exceeds([x * 1.02 for x in fastest], fastest, 1.03)
+    assert not exceeds(fastest, [x * 1.06 for x in fastest], 1.03)  # faster: never over
+    noisy = [10.0 * (1 + 0.04 * u) for u in pattern]  # +-20%
+    next_noisy = [11.2 * (1 + 0.04 * u) for u in reversed(pattern)]
+    assert np.median(next_noisy) / np.median(noisy) == pytest.approx(1.12)
+    assert not exceeds(next_noisy, noisy, 1.03)
+    # No MIN_EFFECT on top of the factor: 0.5% over 1.03x with runs 0.05% apart is beyond the noise,
+    # though slower() would call 0.5% too small to matter.
+    tight = [10.0 * (1 + 0.0001 * u) for u in pattern]
+    over = [x * 1.03 * 1.005 for x in tight]
+    assert exceeds(over, tight, 1.03) and not slower(over, [x * 1.03 for x in tight])
 
 
 def test_too_few_runs_never_separate() -> None:
