@@ -10,7 +10,11 @@ configs each one measured:
   that happened to record fastest is luck when a dozen others are within its noise;
 - *regret at N*: the true (recorded) median of the answer after N measured trials
   (the fastest config measured so far) over the fastest of the table: 1.0 means
-  no regret, at budgets 10, 20 and 40.
+  no regret, at budgets 10, 20 and 40. A regret over :data:`REGRET_BOUND` can
+  sit inside the runs' own noise (on a table whose configs' runs spread 30-40%,
+  the next-fastest config may read 1.12x and still be tied with the fastest),
+  so each seed's answer is also tested against the bound: does it run reliably
+  slower than 1.03 times the fastest (:func:`autotune.compare.exceeds`)?
 
 Strategies: tiletune's samplers (:data:`autotune.samplers.SAMPLERS`, run through
 the search itself on the ``replay`` backend) and, with the ``peers`` extra,
@@ -49,7 +53,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from autotune.compare import DRIFT_ABOVE, difference, drift
+from autotune.compare import DRIFT_ABOVE, drift, exceeds
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.samplers import SAMPLERS
 from autotune.search import SearchOptions, run_search
@@ -57,6 +61,7 @@ from autotune.surrogate import Ridge, fit_prior
 from kernel.config import TileConfig
 from kernel.heuristic import heuristic_config
 from kernel.workload import Workload
+from server.bench.verdicts import REGRET_BOUND, per_seed, print_head_to_head, regret_cell
 
 BUDGETS = (10, 20, 40)
 # How each parameter's values are listed to Kernel Tuner: ascending sizes and categories in the space's
@@ -206,6 +211,8 @@ class Scores:
     tied: int  # size of the table's tied set
     trials_to_tied: list[float]  # per seed; inf when not reached within the budget
     regret: dict[int, list[float]]  # budget -> per seed, for the BUDGETS the run's budget covers
+    # budget -> per seed: whether the answer runs reliably slower than REGRET_BOUND x the fastest (regret_beyond)
+    over_bound: dict[int, list[bool]] = dataclasses.field(default_factory=dict)
     neighbours: int = 0  # tuned neighbours' configs measured after the heuristic
     prior: bool = False  # whether the family's model steered the strategy
     peer_order: str | None = None  # a peer's listing of each parameter's values (PEER_ORDERS); None: not a peer
@@ -238,20 +245,41 @@ class Scores:
             # null at a budget the run did not reach (--budget below it on a larger table): not measured
             "median_regret": {str(b): float(np.median(v)) if (v := self.regret.get(b)) else None for b in BUDGETS},
             "max_regret": {str(b): float(np.max(v)) if (v := self.regret.get(b)) else None for b in BUDGETS},
+            # How many seeds' answers miss REGRET_BOUND beyond the runs' noise (null: budget not reached).
+            "over_bound_beyond_noise": {str(b): sum(o) if (o := self.over_bound.get(b)) else None for b in BUDGETS},
         }
+
+
+def answers(table: RecordedTable, keys: Sequence[str]) -> dict[int, str | None]:
+    """The answer of one measured sequence after each of BUDGETS trials: the key of the config with the
+    fastest recorded median among them (None when none of them ran)."""
+    out: dict[int, str | None] = {}
+    for b in BUDGETS:
+        ok = [k for k in keys[:b] if (m := table.entries[k][1]).status == "ok" and m.median_ms is not None]
+        out[b] = min(ok, key=lambda k: table.entries[k][1].median_ms or math.inf) if ok else None
+    return out
 
 
 def score(table: RecordedTable, keys: Sequence[str], tied: set[str]) -> tuple[float, dict[int, float]]:
     """(trials to the first tied config, regret at each of BUDGETS) of one measured sequence."""
     best = table.best[1].median_ms or math.inf
     hit = next((i + 1 for i, k in enumerate(keys) if k in tied), math.inf)
-    regret = {}
-    for b in BUDGETS:
-        medians = [
-            m.median_ms for k in keys[:b] if (m := table.entries[k][1]).status == "ok" and m.median_ms is not None
-        ]
-        regret[b] = (min(medians) / best) if medians else math.inf
+    regret = {
+        b: (table.entries[k][1].median_ms or math.inf) / best if k is not None else math.inf
+        for b, k in answers(table, keys).items()
+    }
     return float(hit), regret
+
+
+def regret_beyond(table: RecordedTable, key: str | None, bound: float = REGRET_BOUND) -> bool:
+    """Whether the answer ``key`` runs reliably slower than ``bound`` times the table's fastest config, from
+    their recorded runs (:func:`autotune.compare.exceeds`): a regret over ``bound`` that is not is within the
+    runs' noise. No answer (no config measured in the budget ran) misses by any measure: True; an answer
+    of a table without runs cannot be told apart from the fastest: False."""
+    if key is None:
+        return True
+    best_runs, runs = table.best[1].runs_ms, table.entries[key][1].runs_ms
+    return bool(best_runs and runs) and exceeds(runs, best_runs, bound)
 
 
 def _kin(table: RecordedTable, other: RecordedTable) -> bool:
@@ -313,6 +341,8 @@ def replay(
     covered = [b for b in BUDGETS if b <= budget or budget == len(table.entries)]
     tied = table.tied_with_best(normalised=tied_rule == "normalised")
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in covered})
+    scores.over_bound = {b: [] for b in covered}
+    beyond: dict[str | None, bool] = {}  # answer -> regret_beyond: seeds often end on the same config
     scores.tied_rule = tied_rule
     scores.neighbours = len(neighbours) if warm_start else 0
     scores.prior = warm_start and prior is not None and strategy == "surrogate"
@@ -326,11 +356,16 @@ def replay(
             scores.error = f"seed {seed}: {type(exc).__name__}: {exc}"
             scores.trials_to_tied.clear()
             scores.regret = {b: [] for b in covered}
+            scores.over_bound = {b: [] for b in covered}
             break
         hit, regret = score(table, sequence, tied)
         scores.trials_to_tied.append(hit)
+        answered = answers(table, sequence)
         for b in covered:
             scores.regret[b].append(regret[b])
+            if answered[b] not in beyond:
+                beyond[answered[b]] = regret_beyond(table, answered[b])
+            scores.over_bound[b].append(beyond[answered[b]])
     return scores
 
 
@@ -490,9 +525,9 @@ def print_search_report(rows: list[dict[str, Any]], out: Any) -> None:
             str(r["tied_set"]),
             _strategy(r),
             _start(r),
-            _trials_cell(trials, _per_seed(r)),
+            _trials_cell(trials, per_seed(r)),
             r["reached"],
-            *[_regret(r["median_regret"][str(b)]) for b in BUDGETS],
+            *[regret_cell(r["median_regret"][str(b)]) for b in BUDGETS],
         )
     out.print(t)
     out.print(
@@ -518,161 +553,3 @@ def _trials_cell(median: float, per_seed: list[float] | None) -> str:
         return text
     quartiles = (float(np.percentile(per_seed, q, method="inverted_cdf")) for q in (25, 75))
     return f"{text} ({'-'.join(f'{q:g}' if math.isfinite(q) else 'never' for q in quartiles)})"
-
-
-def head_to_head(rows: Sequence[dict[str, Any]], default: str | None = None) -> list[dict[str, Any]]:
-    """For each (table, warm start, neighbours) of ``rows`` (report summaries) that has ``default`` (the
-    search's default strategy unless named) and at least one other strategy that ran: the default's median
-    trials to tied (and its median regret at 20 trials) against the best other strategy's (fewest median
-    trials, then more seeds reaching, then the lower median regret at 20), the margin (other minus default:
-    above 0 the default is ahead) and a verdict, ``leads``, ``level`` or ``trails``. The issue's must-show
-    compares this way against every strategy run beside it; ``level`` at 1 trial means the warm start itself
-    is tied, a race no strategy can lead.
-
-    A median of 20 seeds moves by a trial or two with the draw, so the verdict by medians is also given
-    beyond that noise (``noise_verdict``, from the rows' per-seed figures; None for rows without them): the
-    default's trials against each other strategy's, compared as run times are
-    (:func:`autotune.compare.difference`: Mann-Whitney U at 95% and medians over 1% apart; a seed that
-    never reached counts as the most trials). ``trails`` when any other strategy is reliably ahead (named in
-    ``ahead_beyond_noise``), ``leads`` when the default is reliably ahead of every one, ``level`` otherwise
-    (``within_noise`` names the strategies it cannot be told from); ``p_value`` is the test's against the
-    best other strategy. Both judge the default harshly: one reliably better strategy among many makes it
-    trail, and it leads only when it is reliably ahead of all of them."""
-    default = default or SearchOptions().sampler
-    groups: dict[tuple[str, bool, int], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["table"], r["warm_start"], r.get("neighbours", 0)), []).append(r)
-    out = []
-    for (table, warm, _n), group in groups.items():
-        mine = [r for r in group if r["strategy"] == default and not r.get("error")]
-        others = [r for r in group if r["strategy"] != default and not r.get("error")]
-        if not mine or not others:
-            continue
-        # Rows read back from --json say null where most seeds never reached (JSON has no infinity).
-        best = min(
-            others,
-            key=lambda r: (
-                _or_inf(r["median_trials_to_tied"]),
-                -int(r["reached"].split("/")[0]),
-                _or_inf(r["median_regret"]["20"]),
-            ),
-        )
-        ours, theirs = _or_inf(mine[0]["median_trials_to_tied"]), _or_inf(best["median_trials_to_tied"])
-        margin = theirs - ours if math.isfinite(ours) or math.isfinite(theirs) else 0.0
-        out.append(
-            {
-                "table": table,
-                "warm_start": warm,
-                "default": default,
-                "trials": ours,
-                "regret_20": mine[0]["median_regret"]["20"],
-                "best_other": best["strategy"],
-                "best_other_trials": theirs,
-                "margin": margin,
-                "verdict": "leads" if margin > 0 else "level" if margin == 0 else "trails",
-                **_beyond_noise(mine[0], best, others),
-            }
-        )
-    return out
-
-
-def _per_seed(row: dict[str, Any]) -> list[float] | None:
-    """A report row's trials to tied per seed (a seed that did not reach: inf), None for a row without them."""
-    seeds = row.get("trials_to_tied")
-    return None if seeds is None else [math.inf if t is None else float(t) for t in seeds]
-
-
-def _beyond_noise(mine: dict[str, Any], best: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The noise-aware half of a :func:`head_to_head` verdict (see there)."""
-    ours = _per_seed(mine)
-    theirs = {r["strategy"]: _per_seed(r) for r in others}
-    if ours is None or any(t is None for t in theirs.values()):
-        return {"noise_verdict": None, "p_value": None, "ahead_beyond_noise": [], "within_noise": []}
-    diffs = {name: difference(*_misses_last(ours, cast(list[float], t))) for name, t in theirs.items()}
-    ahead = [n for n, d in diffs.items() if d.real and d.ratio > 1.0]
-    level = [n for n, d in diffs.items() if not d.real]
-    return {
-        "noise_verdict": "trails" if ahead else "level" if level else "leads",
-        "p_value": diffs[best["strategy"]].p_value,
-        "ahead_beyond_noise": ahead,
-        "within_noise": level,
-    }
-
-
-def _misses_last(a: list[float], b: list[float]) -> tuple[list[float], list[float]]:
-    """``a`` and ``b`` with every seed that did not reach (inf) set to one trial more than any seed of either
-    took: the same ranks for the test, and a finite ratio of medians (two rows that never reached tie)."""
-    cap = max((t for t in (*a, *b) if math.isfinite(t)), default=0.0) + 1.0
-    return [t if math.isfinite(t) else cap for t in a], [t if math.isfinite(t) else cap for t in b]
-
-
-def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
-    """:func:`head_to_head` of ``rows`` as a rich table and a count on ``out`` (nothing when it has no rows)."""
-    from rich.table import Table
-
-    verdicts = head_to_head(rows)
-    if not verdicts:
-        return
-    noise = all(v["noise_verdict"] is not None for v in verdicts)
-    extra = ("p", "beyond noise") if noise else ()
-    t = Table(
-        "table", "warm start", "default", "trials", "regret@20", "best other", "its trials", "margin", "verdict", *extra
-    )
-    for v in verdicts:
-        cells = []
-        if noise:
-            cells = [f"{v['p_value']:.2g}", v["noise_verdict"] + _named(v["ahead_beyond_noise"] or v["within_noise"])]
-        t.add_row(
-            v["table"],
-            "on" if v["warm_start"] else "off",
-            v["default"],
-            _trials(v["trials"]),
-            _regret(v["regret_20"]),
-            v["best_other"],
-            _trials(v["best_other_trials"]),
-            f"{v['margin']:+g}",  # +inf: only the default reached a tied config
-            v["verdict"],
-            *cells,
-        )
-    out.print(t)
-    out.print(
-        f"the default {_count(verdicts, 'verdict')} "
-        "(median trials to tied against the best other strategy run beside it)"
-    )
-    if noise:
-        out.print(
-            f"beyond the seeds' noise it {_count(verdicts, 'noise_verdict')} (its trials per seed against each other "
-            "strategy's: Mann-Whitney U, 95%; trails: one is reliably ahead, named; level: the ones it cannot be "
-            "told from, named; leads: reliably ahead of all)"
-        )
-
-
-def _named(names: Sequence[str], most: int = 3) -> str:
-    """The strategies a noise verdict names, as a cell suffix: the first ``most`` and how many more."""
-    if not names:
-        return ""
-    more = f" and {len(names) - most} more" if len(names) > most else ""
-    return f" ({', '.join(names[:most])}{more})"
-
-
-def _count(verdicts: Sequence[dict[str, Any]], field: str) -> str:
-    count = {k: sum(v[field] == k for v in verdicts) for k in ("leads", "level", "trails")}
-    return (
-        f"leads on {count['leads']} of {len(verdicts)} rows, is level on {count['level']} and trails on "
-        f"{count['trails']}"
-    )
-
-
-def _trials(value: float) -> str:
-    return f"{value:g}" if math.isfinite(value) else "not reached"
-
-
-def _regret(value: float | None) -> str:
-    """A regret cell: '-' where the run's budget did not reach it, 'none ok' where no config measured ran."""
-    if value is None:
-        return "-"
-    return f"{value:.3f}" if math.isfinite(value) else "none ok"
-
-
-def _or_inf(value: float | None) -> float:
-    return math.inf if value is None else value

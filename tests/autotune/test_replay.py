@@ -24,15 +24,17 @@ from kernel.workload import Workload
 from server.bench.search import (
     BUDGETS,
     PEER_ORDERS,
-    head_to_head,
+    answers,
     heuristic_key,
     measured_sequence,
     neighbour_bests,
     print_search_report,
+    regret_beyond,
     replay,
     score,
     strategies,
 )
+from server.bench.verdicts import REGRET_BOUND, head_to_head
 
 TABLES = sorted(TABLES_DIR.glob("*.xla.json"))
 
@@ -118,6 +120,54 @@ def test_scores_count_trials_to_the_tied_set_and_regret_at_each_budget() -> None
     assert regret[20] == pytest.approx(10.5 / 10.0, rel=0.01)
     assert regret[40] == pytest.approx(10.05 / 10.0, rel=0.01)
     assert score(table, keys[3:43], tied) == (math.inf, {b: pytest.approx(5.0, rel=0.01) for b in BUDGETS})
+
+
+def test_a_regret_over_the_bound_is_told_from_the_runs_noise() -> None:
+    """The answer after N trials is the fastest recorded config among them; whether it runs reliably slower
+    than REGRET_BOUND x the table's fastest is read from their recorded runs. A config 10% slower with runs
+    within 0.5% is over the bound beyond the noise; one 12% slower whose runs and the fastest's spread 40%
+    is over it by the medians only."""
+    from rich.console import Console
+
+    base = RecordedTable.load(TABLES[-1])
+    keys = list(base.entries)
+    tight = _synthetic(base, {keys[0]: 10.0, keys[1]: 11.0})
+    spread = [1 + 0.04 * ((i * 7) % 11 - 5) for i in range(20)]  # +-20%, in a fixed shuffled order
+    noisy = dataclasses.replace(tight, entries=dict(tight.entries))
+    for key, centre in ((keys[0], 10.0), (keys[1], 11.2)):
+        config, m = noisy.entries[key]
+        noisy.entries[key] = (config, dataclasses.replace(m, runs_ms=tuple(centre * f for f in spread)))
+    assert REGRET_BOUND == 1.03
+    assert answers(tight, [keys[5], keys[1], keys[7]]) == {b: keys[1] for b in BUDGETS}
+    reached_late = answers(tight, [keys[5], keys[1], *keys[6:20], keys[0]])  # the fastest is the 18th
+    assert (reached_late[10], reached_late[20]) == (keys[1], keys[0])
+    assert regret_beyond(tight, keys[1]) and not regret_beyond(tight, keys[0])
+    assert not regret_beyond(noisy, keys[1])
+    assert regret_beyond(tight, None)  # nothing in the budget ran: missed by any measure
+    # Plain random on the tight table: every config but the fastest runs 1.1x or 5x it within 0.5%, so a
+    # seed's answer is over the bound beyond the noise exactly when its regret is over the bound.
+    scores = replay(tight, "tight", "random", seeds=6, budget=40, warm_start=False)
+    over = {b: sum(r > REGRET_BOUND for r in scores.regret[b]) for b in BUDGETS}
+    assert scores.summary()["over_bound_beyond_noise"] == {str(b): over[b] for b in BUDGETS}
+    assert over[10] > 0  # the check above compares something
+    cells = {"table_size": 9, "tied_set": 1, "median_regret": {str(b): 1.12 for b in BUDGETS}}
+    rows = [
+        {**_row("t", "surrogate", True, 3), **cells, "over_bound_beyond_noise": {"20": 10}},  # 10 of 20 seeds
+        {**_row("t", "random", True, 9), **cells},
+        {**_row("u", "surrogate", True, 3), **cells, "over_bound_beyond_noise": {"20": 11}},
+        {**_row("u", "random", True, 9), **cells},
+        {**_row("v", "surrogate", True, 3), **cells},  # a report from before the test: no verdict
+        {**_row("v", "random", True, 9), **cells},
+        {**_row("w", "surrogate", True, 3, regret=1.03), "over_bound_beyond_noise": {"20": 0}},
+        _row("w", "random", True, 9),
+    ]
+    verdicts = {v["table"]: v["regret_20_verdict"] for v in head_to_head(rows)}
+    assert verdicts == {"t": "over, within noise", "u": "over, beyond noise", "v": None, "w": "within"}
+    console = Console(record=True, width=300)
+    print_search_report([r for r in rows if r["table"] != "w"], console)
+    text = " ".join(console.export_text().split())
+    assert "│ 1.120 (within noise) │" in text and "│ 1.120 (beyond noise) │" in text
+    assert "at most 3% over the fastest on 0 of 2 rows, over it within the runs' noise on 1 and beyond it on 1" in text
 
 
 def test_regret_is_reported_only_at_budgets_the_run_reached() -> None:
@@ -298,6 +348,7 @@ def test_head_to_head_sets_the_default_against_the_best_other_strategy_of_each_r
         "default": "surrogate",
         "trials": 4,
         "regret_20": 1.0,
+        "regret_20_verdict": "within",
         "best_other": "kt:pso",
         "best_other_trials": 5,
         "margin": 1,

@@ -148,7 +148,8 @@ def test_rows_read_back_from_json_give_the_same_head_to_head() -> None:
     import math
 
     from autotune.replay import RecordedTable
-    from server.bench.search import head_to_head, replay
+    from server.bench.search import replay
+    from server.bench.verdicts import head_to_head
 
     args = ["--sampler", "surrogate,random", "--warm-start", "off", "--budget", "5", "--seeds", "3", "--json"]
     result = runner.invoke(cli, ["bench", "search", "--replay", TABLES[1], *args])
