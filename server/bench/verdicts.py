@@ -149,7 +149,7 @@ def print_head_to_head(rows: Sequence[dict[str, Any]], out: Any) -> None:
             "on" if v["warm_start"] else "off",
             v["default"],
             _trials(v["trials"]),
-            regret_cell(v["regret_20"]) + (f" ({v['regret_20_verdict'][6:]})" if _over(v) else ""),
+            regret_cell(v["regret_20"]) + (f" ({v['regret_20_verdict'].removeprefix('over, ')})" if _over(v) else ""),
             v["best_other"],
             _trials(v["best_other_trials"]),
             f"{v['margin']:+g}",  # +inf: only the default reached a tied config
