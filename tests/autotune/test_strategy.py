@@ -2,7 +2,7 @@
 one-step neighbours, starting at the warm start, and its state lives in the study; the default
 (``surrogate``, autotune.samplers.surrogate) proposes what its model predicts fastest, never a config
 measured or in flight, and on every committed table its regret after 20 trials is at most 3% (but on the
-held-out tables it is known to miss on, KNOWN_MISSES)."""
+held-out tables it is known to miss on, KNOWN_MISSES) and never over 3% beyond the recorded runs' noise."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from autotune.samplers.local_search import CENTRE_ATTR, PROPOSAL_ATTR, LocalSear
 from autotune.search import SearchOptions, run_search
 from autotune.space import ParamCoding, SearchSpace
 from kernel.heuristic import heuristic_config
+from server.bench.search import regret_beyond
 
 from .test_search import WORKLOAD, FakeMeasurer
 
@@ -28,17 +29,12 @@ BUDGET = 20
 MAX_REGRET = 0.03
 # Held-out tables on which the frozen default misses the target over seeds 0-4. Kept in the test, expected to
 # fail (strictly: a pass means the figure moved and this entry and autotune/tables/README.md need updating),
-# never fitted away: the strategy is not changed for a table held out from it.
+# never fitted away: the strategy is not changed for a table held out from it. The noise-aware half of the
+# test is not expected to fail on them.
 KNOWN_MISSES = {
     "dense-temporal-suffix-b2-bf16.xla.json": "held out from 84e901f (eleventh round): three of seeds 0-4 end on "
     "a config 3.8% over the fastest (median 1.038); over the replay's 20 seeds the median is 1.012",
 }
-
-
-def _table_param(path: Path) -> Any:
-    reason = KNOWN_MISSES.get(path.name)
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(path, marks=marks, id=path.name)
 
 
 def _steps(coding: ParamCoding, a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -106,7 +102,7 @@ def test_every_known_miss_names_a_shipped_table() -> None:
     assert set(KNOWN_MISSES) <= {p.name for p in TABLES}
 
 
-@pytest.mark.parametrize("path", [_table_param(p) for p in TABLES])
+@pytest.mark.parametrize("path", TABLES, ids=[p.name for p in TABLES])
 def test_default_strategy_regret_at_20_trials_is_at_most_3pct_on_every_table(path: Path) -> None:
     """The issue's target on every committed table, held-out ones included: after 20 measured
     trials the best config found has a recorded median at most 3% over the table's fastest, for
@@ -114,14 +110,27 @@ def test_default_strategy_regret_at_20_trials_is_at_most_3pct_on_every_table(pat
     round's spatial-suffix-8k-f32, at 1.0276 (every seed ends on the same config, tied with the fastest);
     before it mixed-prefix-3k-bf16, at 1.0202. Five seeds are fewer than the replay's twenty: over
     twenty, prefix-temporal-band-3k-f32 ends at 1.053 with the warm start (autotune/tables/README.md says more),
-    and the reverse holds on the eleventh round's dense-temporal-suffix-b2-bf16 (KNOWN_MISSES)."""
+    and the reverse holds on the eleventh round's dense-temporal-suffix-b2-bf16 (KNOWN_MISSES, an expected
+    failure, strictly).
+
+    First, on every table without exception: no more than two of the five seeds' answers run reliably
+    slower than 1.03x the fastest (bench search's test, :func:`server.bench.search.regret_beyond`), so the
+    median seed never misses 3% beyond the recorded runs' noise. Over all tables at most two seeds do
+    (temporal-sink-16k-bf16, whose median is 1.000); on the known miss none does."""
     table = RecordedTable.load(path)
     fastest = table.best[1].median_ms
     assert fastest is not None
-    regrets = []
+    regrets, beyond = [], []
     for seed in range(5):
         options = SearchOptions(trials=BUDGET, seed=seed, prune=False)
         result = run_search(table.space(), ReplayMeasurer(table), options, finalize=False)
-        ok = [t.measurement.median_ms for t in result.trials if t.measurement.status == "ok"]
-        regrets.append(min(m for m in ok if m is not None) / fastest)
-    assert statistics.median(regrets) <= 1 + MAX_REGRET, f"regret@{BUDGET} per seed: {regrets}"
+        ok = [t for t in result.trials if t.measurement.status == "ok" and t.measurement.median_ms is not None]
+        answer = min(ok, key=lambda t: t.measurement.median_ms or 0.0)
+        regrets.append((answer.measurement.median_ms or 0.0) / fastest)
+        beyond.append(regret_beyond(table, answer.config.key, 1 + MAX_REGRET))
+    assert 2 * sum(beyond) < len(beyond), f"answers over 3% beyond the runs' noise per seed: {beyond}"
+    within = statistics.median(regrets) <= 1 + MAX_REGRET
+    if path.name in KNOWN_MISSES:
+        assert not within, f"a known miss now meets the target ({regrets}): update KNOWN_MISSES and the README"
+        pytest.xfail(KNOWN_MISSES[path.name])
+    assert within, f"regret@{BUDGET} per seed: {regrets}"
