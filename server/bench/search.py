@@ -260,13 +260,16 @@ def answers(table: RecordedTable, keys: Sequence[str]) -> dict[int, str | None]:
     return out
 
 
-def score(table: RecordedTable, keys: Sequence[str], tied: set[str]) -> tuple[float, dict[int, float]]:
-    """(trials to the first tied config, regret at each of BUDGETS) of one measured sequence."""
+def score(
+    table: RecordedTable, keys: Sequence[str], tied: set[str], answered: dict[int, str | None] | None = None
+) -> tuple[float, dict[int, float]]:
+    """(trials to the first tied config, regret at each of BUDGETS) of one measured sequence; ``answered``:
+    its :func:`answers`, when the caller has them already."""
     best = table.best[1].median_ms or math.inf
     hit = next((i + 1 for i, k in enumerate(keys) if k in tied), math.inf)
     regret = {
         b: (table.entries[k][1].median_ms or math.inf) / best if k is not None else math.inf
-        for b, k in answers(table, keys).items()
+        for b, k in (answered or answers(table, keys)).items()
     }
     return float(hit), regret
 
@@ -341,7 +344,7 @@ def replay(
     covered = [b for b in BUDGETS if b <= budget or budget == len(table.entries)]
     tied = table.tied_with_best(normalised=tied_rule == "normalised")
     scores = Scores(name, strategy, warm_start, len(table.entries), len(tied), [], {b: [] for b in covered})
-    scores.over_bound = {b: [] for b in covered}
+    scores.over_bound = {b: [] for b in covered}  # as the regret: the BUDGETS the run's budget covers
     beyond: dict[str | None, bool] = {}  # answer -> regret_beyond: seeds often end on the same config
     scores.tied_rule = tied_rule
     scores.neighbours = len(neighbours) if warm_start else 0
@@ -358,9 +361,9 @@ def replay(
             scores.regret = {b: [] for b in covered}
             scores.over_bound = {b: [] for b in covered}
             break
-        hit, regret = score(table, sequence, tied)
-        scores.trials_to_tied.append(hit)
         answered = answers(table, sequence)
+        hit, regret = score(table, sequence, tied, answered)
+        scores.trials_to_tied.append(hit)
         for b in covered:
             scores.regret[b].append(regret[b])
             if answered[b] not in beyond:
