@@ -1,0 +1,122 @@
+"""What counts as a database outage, and riding one out (server.store.outage).
+
+The real thing -- connections cut and refused on PostgreSQL -- is in
+tests/server/worker/test_outage.py and tests/server/api/test_database_outage.py; here
+each rule of :func:`is_outage` is checked on the errors the drivers raise."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+
+import optuna
+import psycopg
+import pytest
+from sqlalchemy import exc as sa_exc
+
+from server.store.outage import OutageWait, is_outage, ride_out
+
+
+def wrapped(orig: Exception, statement: str | None = "SELECT 1", **kwargs: bool) -> sa_exc.DBAPIError:
+    """``orig`` as SQLAlchemy raises it (the class it maps the driver's error to)."""
+    base = sqlite3.Error if isinstance(orig, sqlite3.Error) else psycopg.Error
+    return sa_exc.DBAPIError.instance(statement, {}, orig, base, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("error", "outage"),
+    [
+        (psycopg.errors.AdminShutdown("terminating connection due to administrator command"), True),  # 57P01
+        (psycopg.errors.CannotConnectNow("the database system is starting up"), True),  # 57P03
+        (psycopg.errors.ConnectionFailure("connection failure"), True),  # 08006
+        (psycopg.errors.TooManyConnections("too many clients"), True),  # 53300
+        (psycopg.errors.SerializationFailure("could not serialize access"), True),  # 40001
+        (psycopg.errors.DeadlockDetected("deadlock detected"), True),  # 40P01
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),  # no answer, no SQLSTATE
+        (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"), False),  # 57014
+        (psycopg.errors.UniqueViolation("duplicate key"), False),
+        (psycopg.errors.UndefinedTable("relation does not exist"), False),
+        (psycopg.errors.DiskFull("no space left on device"), False),  # 53100: not one that passes by itself
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("no such table: tt_job"), False),
+        (sqlite3.IntegrityError("UNIQUE constraint failed"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_an_outage_is_told_from_a_fault_of_the_statement(error: Exception, outage: bool) -> None:
+    assert is_outage(wrapped(error)) is outage
+
+
+def test_connecting_failures_broken_connections_and_causes_count() -> None:
+    refused = psycopg.OperationalError('connection failed: FATAL:  database "x" is not currently accepting connections')
+    assert is_outage(wrapped(refused, statement=None))  # raised while connecting
+    assert not is_outage(wrapped(sqlite3.OperationalError("unable to open database file"), statement=None))
+    broken = wrapped(psycopg.errors.UndefinedTable("x"), connection_invalidated=True)
+    assert is_outage(broken)  # SQLAlchemy found the connection gone, whatever the message
+    try:
+        try:
+            raise wrapped(psycopg.errors.AdminShutdown("bye"))
+        except sa_exc.SQLAlchemyError as e:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+    except optuna.exceptions.StorageInternalError as storage_error:
+        assert is_outage(storage_error)  # Optuna's error around the outage
+    assert not is_outage(optuna.exceptions.StorageInternalError("no cause"))
+    assert not is_outage(RuntimeError("a bug"))
+
+
+def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
+    calls: list[float] = []
+
+    def flaky() -> int:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise wrapped(psycopg.errors.AdminShutdown("bye"))
+        return 7
+
+    assert ride_out(flaky, what="flaky", within_s=30) == 7 and len(calls) == 3
+
+    calls.clear()
+
+    def wrong() -> None:
+        calls.append(time.monotonic())
+        raise wrapped(psycopg.errors.UniqueViolation("duplicate key"))
+
+    with pytest.raises(sa_exc.DBAPIError):
+        ride_out(wrong, what="wrong", within_s=30)
+    assert len(calls) == 1  # a fault of the statement is raised at once
+
+    calls.clear()
+
+    def down() -> None:
+        calls.append(time.monotonic())
+        raise wrapped(psycopg.errors.CannotConnectNow("starting up"))
+
+    start = time.monotonic()
+    with pytest.raises(sa_exc.DBAPIError):
+        ride_out(down, what="down", within_s=1.0)
+    assert len(calls) >= 2 and time.monotonic() - start < 10  # gave up after about a second
+
+    calls.clear()
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(sa_exc.DBAPIError):
+        ride_out(down, what="stopping", within_s=60, stop=stop)
+    assert len(calls) == 1  # a worker asked to stop does not wait the outage out
+
+
+def test_outage_wait_backs_off_logs_sparingly_and_resets(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tiletune.store")
+    error = wrapped(psycopg.errors.AdminShutdown("bye"))
+    pace = OutageWait("worker w", poll_s=0.5, max_s=4.0)
+    waits = [pace.failed(error) for _ in range(25)]
+    assert waits[:5] == [0.5, 1.0, 2.0, 4.0, 4.0] and set(waits[4:]) == {4.0}
+    messages = [r.getMessage() for r in caplog.records]
+    assert "database unavailable (AdminShutdown: bye)" in messages[0]
+    assert 3 < len(messages) < 10  # as the wait grows, then every tenth try: not at each of the 25
+    caplog.clear()
+    pace.succeeded()
+    pace.succeeded()
+    assert len(caplog.records) == 1 and "reachable again after" in caplog.records[0].getMessage()
+    assert pace.failed(error) == 0.5  # a new outage starts from the poll interval
