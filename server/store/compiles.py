@@ -95,7 +95,10 @@ def reserve_compile(
 
 
 def record_compile(session: Session, trial_id: int, worker: str, outcome: CompileOutcome) -> bool:
-    """Turn the worker's reservation into a verdict; False when it is no longer the worker's."""
+    """Turn the worker's reservation into a verdict; False when it is no longer the worker's.
+
+    The same verdict found already there is True: a retry whose first try committed but
+    lost its answer with the connection (:func:`server.store.outage.ride_out`)."""
     fields: dict[str, Any] = {"compile_ms": outcome.compile_s * 1e3, "finished_at": utcnow()}
     if outcome.ok:
         fields.update(status="compiled", memory=dict(outcome.memory), error=None)
@@ -104,7 +107,11 @@ def record_compile(session: Session, trial_id: int, worker: str, outcome: Compil
     result = session.execute(
         update(Trial).where(Trial.id == trial_id, Trial.worker == worker, Trial.status == "compiling").values(**fields)
     )
-    return bool(getattr(result, "rowcount", 0) == 1)
+    if getattr(result, "rowcount", 0) == 1:
+        return True
+    row = session.get(Trial, trial_id)
+    found = None if row is None else (row.worker, row.status, row.compile_ms)
+    return found == (worker, fields["status"], fields["compile_ms"])
 
 
 def release_compile(session: Session, trial_id: int, worker: str) -> None:

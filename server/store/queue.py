@@ -159,9 +159,11 @@ def _claimable(now: dt.datetime, worker: str) -> ColumnElement[bool]:
     """A job ``worker`` may take: queued with attempts left, or running with a free
     lease slot that ``worker`` does not hold already -- joining workers while
     others still hold it (and nobody re-times the finalists yet), or restarting it
-    when every lease expired (a new attempt)."""
+    when every lease expired (a new attempt). A worker whose own lease expired may
+    restart the job too: it claims only between jobs, so it no longer works on it
+    (it gave the job up during a database outage that outlasted its lease)."""
     live = _live_count(now)
-    mine = _held(Job.id, worker)
+    mine = exists().where(_live(Job.id), JobLease.worker == worker, JobLease.expires_at > now)
     return or_(
         and_(Job.status == "queued", Job.attempts < Job.max_attempts),
         and_(
@@ -294,12 +296,14 @@ def _take(session: Session, job_id: int, worker: str, now: dt.datetime, lease_s:
     taken = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE_JOB_STATUSES)).values(**values))
     if _rowcount(taken) != 1:  # it ended meanwhile: a claim never reopens a finished job
         return False
+    # Before the new lease: trials in flight that this worker left on the job when its lease
+    # expired (it gave the job up during a database outage) are crashed too.
+    _reap(session, job_id, now)
     session.execute(
         insert(JobLease).values(
             job_id=job_id, worker=worker, claimed_at=now, expires_at=now + dt.timedelta(seconds=lease_s)
         )
     )
-    _reap(session, job_id, now)
     return True
 
 
@@ -567,7 +571,10 @@ def reserve_trial(
 
 def complete_trial(session: Session, trial_id: int, worker: str, status: str, **fields: Any) -> bool:
     """Record the measured outcome of the worker's reserved trial; False when the trial
-    is no longer the worker's (it lost the job and the trial was recorded ``crashed``)."""
+    is no longer the worker's (it lost the job and the trial was recorded ``crashed``).
+
+    Recording the same outcome again is True: a retry whose first try committed but lost
+    its answer with the connection (:func:`server.store.outage.ride_out`) finds it there."""
     if status not in FINAL_TRIAL_STATUSES:
         raise ValueError(f"trial status must be one of {FINAL_TRIAL_STATUSES}, got {status!r}")
     done = _rowcount(
@@ -577,7 +584,15 @@ def complete_trial(session: Session, trial_id: int, worker: str, status: str, **
             .values(status=status, finished_at=utcnow(), **fields)
         )
     )
-    return done == 1
+    if done == 1:
+        return True
+    row = session.get(Trial, trial_id)
+    return (
+        row is not None
+        and row.worker == worker
+        and row.status == status
+        and all(getattr(row, name) == value for name, value in fields.items())
+    )
 
 
 def abandon_trial(session: Session, trial_id: int, worker: str) -> None:

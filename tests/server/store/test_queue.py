@@ -397,3 +397,36 @@ def test_a_claim_racing_the_finish_of_a_stalled_worker_neither_deadlocks_nor_reo
         assert [(lease.worker, lease.end_reason) for lease in queue.job_leases(session, job_id)] == [
             ("stalled", "done")
         ]
+
+
+def test_a_worker_whose_own_lease_expired_restarts_the_job_and_its_trial_in_flight_is_crashed(db: Database) -> None:
+    """A worker gave the job up in a database outage that outlasted its lease; it claims the job again."""
+    (job_id,) = queue_jobs(db, 1)
+    with db.transaction() as session:
+        assert queue.claim_job(session, "w", device_kind="cpu", backend="xla", lease_s=60) is not None
+        assert queue.claim_job(session, "w", device_kind="cpu", backend="xla") is None  # its lease is live
+        in_flight = queue.reserve_trial(session, job_id, "w", params(0))
+        assert in_flight.verdict == "reserved"
+    expire(db, job_id, "w")
+    with db.transaction() as session:
+        again = queue.claim_job(session, "w", device_kind="cpu", backend="xla")
+        assert again is not None and again.id == job_id and again.attempts == 2
+        crashed = session.get(models.Trial, in_flight.trial_id, populate_existing=True)
+        # Left running, the trial would hold up the job's finish until its deadline.
+        assert crashed is not None and crashed.status == "crashed" and "lost its lease" in (crashed.error or "")
+        assert queue.reserve_trial(session, job_id, "w", params(1)).verdict == "reserved"
+        leases = queue.job_leases(session, job_id)
+    assert [(lease.worker, lease.end_reason) for lease in leases] == [("w", "expired"), ("w", None)]
+
+
+def test_recording_the_same_outcome_twice_is_kept_and_another_is_not(db: Database) -> None:
+    """A retry after an outage took the answer of a commit that landed finds its own record."""
+    (job_id,) = queue_jobs(db, 1)
+    with db.transaction() as session:
+        assert queue.claim_job(session, "w", device_kind="cpu", backend="xla") is not None
+        trial_id = queue.reserve_trial(session, job_id, "w", params(0)).trial_id or 0
+        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.5, p10_ms=2.4, error=None)
+        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.5, p10_ms=2.4, error=None)
+        assert not queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.6, p10_ms=2.4, error=None)
+        assert not queue.complete_trial(session, trial_id, "w", "crashed", median_ms=2.5, p10_ms=2.4, error=None)
+        assert not queue.complete_trial(session, trial_id, "other", "ok", median_ms=2.5, p10_ms=2.4, error=None)
