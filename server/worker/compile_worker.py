@@ -37,10 +37,14 @@ from kernel.tpu_targets import TARGETS, require_libtpu
 from kernel.workload import Workload
 from server.store import compiles, workloads
 from server.store.db import Database
+from server.store.outage import OutageWait, is_outage, ride_out
 from server.worker.tune import warm_start_configs
 from server.worker.worker import worker_name
 
 log = logging.getLogger("tiletune.worker")
+
+#: How long a compile verdict waits out a database outage before it is dropped (its reservation goes stale).
+RECORD_PATIENCE_S = 60.0
 
 
 @dataclasses.dataclass
@@ -92,26 +96,40 @@ class CompileWorker:
         """Compile for TPU jobs until stopped (or, ``exit_when_idle``, until none has work left)."""
         done: list[CompiledJob] = []
         self.on_event("started", {"worker": self.name, "role": "compile", "versions": self.versions})
+        outage = OutageWait(f"compile worker {self.name}", self.options.poll_s)
         while not self._stop.is_set():
-            worked = False
-            with self.db.read_sessions() as session:
-                jobs = [(job_id, row.id, workloads.workload_of(row)) for job_id, row in compiles.tpu_jobs(session)]
-            for job_id, workload_id, workload in jobs:
-                if self._stop.is_set():
-                    break
-                if workload.device_kind not in TARGETS:
-                    continue  # a TPU generation this libtpu has no target for
-                outcome = self.compile_job(job_id, workload_id, workload)
-                if outcome.compiled:
-                    worked = True
-                    done.append(outcome)
-                    self.on_event("job_compiled", dataclasses.asdict(outcome))
+            try:
+                worked = self._visit_jobs(done)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # Reservations left in flight go stale (stale_after_s) and are compiled again.
+                self._stop.wait(outage.failed(exc))
+                continue
+            outage.succeeded()
             if not worked:
                 if self.options.exit_when_idle:
                     break
                 self._stop.wait(self.options.poll_s)
         self.on_event("stopped", {"worker": self.name, "jobs": len(done)})
         return done
+
+    def _visit_jobs(self, done: list[CompiledJob]) -> bool:
+        """One pass over the active TPU jobs; whether any verdict was stored."""
+        worked = False
+        with self.db.read_sessions() as session:
+            jobs = [(job_id, row.id, workloads.workload_of(row)) for job_id, row in compiles.tpu_jobs(session)]
+        for job_id, workload_id, workload in jobs:
+            if self._stop.is_set():
+                break
+            if workload.device_kind not in TARGETS:
+                continue  # a TPU generation this libtpu has no target for
+            outcome = self.compile_job(job_id, workload_id, workload)
+            if outcome.compiled:
+                worked = True
+                done.append(outcome)
+                self.on_event("job_compiled", dataclasses.asdict(outcome))
+        return worked
 
     def plan(self, workload_id: int, workload: Workload, job_id: int) -> list[TileConfig]:
         """The job's configs still without a verdict for these versions, in compile order."""
@@ -169,8 +187,13 @@ class CompileWorker:
                                 compiles.release_compile(session, tid, self.name)
                         raise RuntimeError(f"compiling for {workload.device_kind} failed: {future.exception()}")
                     verdict = future.result()
-                    with self.db.transaction() as session:
-                        kept = compiles.record_compile(session, trial_id, self.name, verdict)
+
+                    def record(trial_id: int = trial_id, verdict: CompileOutcome = verdict) -> bool:
+                        with self.db.transaction() as session:
+                            return compiles.record_compile(session, trial_id, self.name, verdict)
+
+                    # A verdict costs a compile: a short outage must not throw it away.
+                    kept = ride_out(record, what=f"job {job_id}: recording a compile", within_s=RECORD_PATIENCE_S)
                     if kept:
                         outcome.compiled += 1
                         outcome.refused += not verdict.ok

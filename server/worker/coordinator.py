@@ -9,9 +9,10 @@ study lives in the same database (:func:`optuna_storage`), shared by its workers
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 
@@ -21,6 +22,9 @@ from kernel.config import TileConfig
 from server.store import models, queue
 from server.store.db import Database, configure_sqlite, normalize_url
 from server.store.migrate import schema_lock
+from server.store.outage import ride_out
+
+T = TypeVar("T")
 
 
 def study_name(job: models.Job) -> str:
@@ -28,7 +32,58 @@ def study_name(job: models.Job) -> str:
     return f"tiletune-job-{job.id}-{job.created_at:%Y%m%dT%H%M%S%f}"
 
 
-def optuna_storage(url: str) -> optuna.storages.RDBStorage:
+#: The methods of Optuna's RDB storage that run statements, as its cached front (the study's storage)
+#: and tiletune call them: each rides out a short outage (:class:`OutageTolerantStorage`).
+STORAGE_CALLS = (
+    "create_new_study",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_all_studies",
+    "_create_new_trial",
+    "_set_trial_param",
+    "get_trial_param",
+    "set_trial_state_values",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial",
+    "_get_trials",
+    "_get_best_trial_id",
+)
+
+
+class OutageTolerantStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose statement-running calls each ride out a database outage of up
+    to ``patience_s`` (:func:`~server.store.outage.ride_out`), as the worker's own units of work
+    do: without it a PostgreSQL restart that met one of the sampler's reads or a ``tell`` would
+    cost the worker its part of the job. Optuna rolls a failed call back whole, so calling it
+    again is safe (but for the rare commit whose answer the outage took)."""
+
+    patience_s: float = 30.0
+
+
+def _tolerant(name: str) -> Callable[..., Any]:
+    method = getattr(optuna.storages.RDBStorage, name)
+
+    @functools.wraps(method)
+    def call(self: OutageTolerantStorage, *args: Any, **kwargs: Any) -> Any:
+        what = f"the job's study: {name}"
+        return ride_out(lambda: method(self, *args, **kwargs), what=what, within_s=self.patience_s)
+
+    return call
+
+
+for _name in STORAGE_CALLS:
+    setattr(OutageTolerantStorage, _name, _tolerant(_name))
+
+
+def optuna_storage(url: str, patience_s: float = 30.0) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on tiletune's database (its tables live beside ours).
 
     Optuna creates its tables (and stamps its own ``alembic_version``) when they
@@ -37,13 +92,15 @@ def optuna_storage(url: str) -> optuna.storages.RDBStorage:
     (:func:`~server.store.migrate.schema_lock`), so one creates and the others
     find the tables there. On SQLite its connections get tiletune's pragmas with
     a long busy timeout (the server and the worker write the same file) and no
-    fsync per commit (Optuna commits every suggested param).
+    fsync per commit (Optuna commits every suggested param). Its calls ride out a
+    database outage of up to ``patience_s`` (:class:`OutageTolerantStorage`).
     """
     url = normalize_url(url)
     sqlite = url.startswith("sqlite")
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
     with schema_lock(url):
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        storage = OutageTolerantStorage(url, engine_kwargs=kwargs)
+    storage.patience_s = patience_s
     if sqlite:
         configure_sqlite(storage.engine, 60000, foreign_keys=False)
         storage.engine.dispose()  # the connection that created the tables had no pragmas
@@ -76,7 +133,13 @@ def measurement_of(row: models.Trial) -> Measurement:
 
 class JobCoordinator:
     """The :class:`~autotune.search.Coordinator` of one worker on one job, backed by the
-    job's trial rows (reservations) and the worker's lease (``lost`` is set when it ends)."""
+    job's trial rows (reservations) and the worker's lease (``lost`` is set when it ends).
+
+    Each of its units of database work rides out a database outage of up to
+    ``patience_s`` (:func:`~server.store.outage.ride_out`): a PostgreSQL restart
+    between two trials costs the search nothing. Keep it under the lease, which
+    the heartbeat cannot extend while the database is away.
+    """
 
     def __init__(
         self,
@@ -89,6 +152,7 @@ class JobCoordinator:
         host: str,
         versions: dict[str, str | None],
         stopping: Callable[[], bool],
+        patience_s: float = 30.0,
     ) -> None:
         self.db = db
         self.worker = worker
@@ -98,16 +162,23 @@ class JobCoordinator:
         self.host = host
         self.versions = versions
         self._stopping = stopping
+        self.patience_s = patience_s
         self.reserved: dict[str, int] = {}  # config key -> trial row id, while measuring
         self.completed = 0
 
+    def _ride_out(self, call: Callable[[], T], what: str) -> T:
+        return ride_out(call, what=f"job {self.job_id}: {what}", within_s=self.patience_s)
+
     def measured(self) -> dict[str, Measurement]:
-        with self.db.read_sessions() as session:
-            final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
-            return {
-                TileConfig.from_dict(r.params).key: measurement_of(r)
-                for r in queue.job_trials(session, self.job_id, final)
-            }
+        def read() -> dict[str, Measurement]:
+            with self.db.read_sessions() as session:
+                final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
+                return {
+                    TileConfig.from_dict(r.params).key: measurement_of(r)
+                    for r in queue.job_trials(session, self.job_id, final)
+                }
+
+        return self._ride_out(read, "reading the measured trials")
 
     def stopping(self) -> bool:
         return self._stopping() or self.lost.is_set()
@@ -115,51 +186,68 @@ class JobCoordinator:
     def reserve(self, config: TileConfig, number: int) -> tuple[str, Measurement | None]:
         if self.stopping():
             return "stop", None
-        with self.db.transaction() as session:
-            r = queue.reserve_trial(
-                session,
-                self.job_id,
-                self.worker,
-                config.to_dict(),
-                number=number,
-                host=self.host,
-                versions=self.versions,
-            )
-            if r.verdict == "reserved":
-                assert r.trial_id is not None
-                self.reserved[config.key] = r.trial_id
-                return "go", None
-            if r.verdict == "known":
-                assert r.trial is not None
-                return "known", measurement_of(r.trial)
-            if r.verdict == "lost":
-                self.lost.set()
-                return "stop", None
-            return r.verdict, None  # busy | full
+
+        def reserve() -> queue.Reservation:
+            with self.db.transaction() as session:
+                return queue.reserve_trial(
+                    session,
+                    self.job_id,
+                    self.worker,
+                    config.to_dict(),
+                    number=number,
+                    host=self.host,
+                    versions=self.versions,
+                )
+
+        r = self._ride_out(reserve, "reserving a trial")
+        own = r.trial is not None and r.trial.worker == self.worker and config.key not in self.reserved
+        if r.verdict == "busy" and own:  # our own reservation, committed by a try whose answer an outage took
+            r = queue.Reservation("reserved", r.trial_id)
+        if r.verdict == "reserved":
+            assert r.trial_id is not None
+            self.reserved[config.key] = r.trial_id
+            return "go", None
+        if r.verdict == "known":
+            assert r.trial is not None
+            return "known", measurement_of(r.trial)
+        if r.verdict == "lost":
+            self.lost.set()
+            return "stop", None
+        return r.verdict, None  # busy | full
 
     def complete(self, trial: TrialResult) -> bool:
         trial_id = self.reserved.pop(trial.config.key)
-        with self.db.transaction() as session:
-            kept = queue.complete_trial(
-                session, trial_id, self.worker, trial.measurement.status, **trial.measurement.trial_fields()
-            )
-        if not kept:
+
+        def complete() -> bool:
+            with self.db.transaction() as session:
+                return queue.complete_trial(
+                    session, trial_id, self.worker, trial.measurement.status, **trial.measurement.trial_fields()
+                )
+
+        if not self._ride_out(complete, "recording a trial"):
             self.lost.set()
             return False
         self.completed += 1
         return True
 
     def invalid(self, config: TileConfig, reason: str) -> None:
-        with self.db.transaction() as session:
-            queue.record_invalid(
-                session, self.job_id, self.workload_id, config.to_dict(), reason, host=self.host, worker=self.worker
-            )
+        def record() -> None:
+            with self.db.transaction() as session:
+                queue.record_invalid(
+                    session, self.job_id, self.workload_id, config.to_dict(), reason, host=self.host, worker=self.worker
+                )
+
+        self._ride_out(record, "recording an invalid config")
 
     def abandon(self) -> None:
         """Drop the reservations of trials this worker will not finish."""
         if not self.reserved:
             return
-        with self.db.transaction() as session:
-            for trial_id in self.reserved.values():
-                queue.abandon_trial(session, trial_id, self.worker)
+
+        def drop() -> None:
+            with self.db.transaction() as session:
+                for trial_id in self.reserved.values():
+                    queue.abandon_trial(session, trial_id, self.worker)
+
+        self._ride_out(drop, "dropping its reservations")
         self.reserved.clear()

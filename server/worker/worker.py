@@ -61,6 +61,7 @@ from kernel.config import TileConfig
 from kernel.workload import BACKENDS, KERNEL_VERSIONS, Workload
 from server.store import compiles, models, queue, workloads
 from server.store.db import Database
+from server.store.outage import OutageWait, describe, is_outage, ride_out
 from server.worker.coordinator import (
     JobCoordinator,
     fail_orphaned_trials,
@@ -193,7 +194,10 @@ class Worker:
 
     def storage(self) -> optuna.storages.RDBStorage:
         if self._storage is None:
-            self._storage = optuna_storage(self.options.database_url)
+            url, patience = self.options.database_url, self.patience_s
+            self._storage = ride_out(
+                lambda: optuna_storage(url, patience), what="opening the Optuna storage", within_s=patience
+            )
         return self._storage
 
     # ------------------------------------------------------------ the loop
@@ -203,21 +207,21 @@ class Worker:
         options = self.options
         outcomes: list[JobOutcome] = []
         self.on_event("started", {"worker": self.name, "device_kind": self.device_kind, "backend": self.backend})
+        outage = OutageWait(f"worker {self.name}", options.poll_s)
         while not self._stop.is_set():
             if options.max_jobs is not None and len(outcomes) >= options.max_jobs:
                 break
-            with self.db.transaction() as session:
-                job = queue.claim_job(
-                    session,
-                    self.name,
-                    device_kind=self.device_kind,
-                    backend=self.backend,
-                    kernel_versions=self.kernel_versions,
-                    lease_s=options.lease_s,
-                )
-                claimed = None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
+            try:
+                claimed = self._claim()
+                idle = claimed is None and options.exit_when_idle and not self._claimable()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                self._stop.wait(outage.failed(exc))  # a claim needs the database: wait for it to come back
+                continue
+            outage.succeeded()
             if claimed is None:
-                if options.exit_when_idle and not self._claimable():
+                if idle:
                     break
                 self._stop.wait(options.poll_s)
                 continue
@@ -226,6 +230,19 @@ class Worker:
             self.on_event("job_finished", dataclasses.asdict(outcome))
         self.on_event("stopped", {"worker": self.name, "jobs": len(outcomes)})
         return outcomes
+
+    def _claim(self) -> tuple[int, int, int, int, str] | None:
+        """Claim a queued job: its id, workload id, budget, attempt and study name, or None."""
+        with self.db.transaction() as session:
+            job = queue.claim_job(
+                session,
+                self.name,
+                device_kind=self.device_kind,
+                backend=self.backend,
+                kernel_versions=self.kernel_versions,
+                lease_s=self.options.lease_s,
+            )
+            return None if job is None else (job.id, job.workload_id, job.budget, job.attempts, study_name(job))
 
     def _claimable(self) -> bool:
         """Whether a job is left for this worker (one that another claim holds locked right now counts)."""
@@ -239,13 +256,20 @@ class Worker:
             )
 
     def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int, study: str) -> JobOutcome:
-        """Run the claimed job ``job_id`` to its end (or this worker's part of it)."""
-        with self.db.read_sessions() as session:
-            row = session.get(models.Workload, workload_id)
-            assert row is not None
-            workload = workloads.workload_of(row)
-            seeds = warm_start_configs(session, workload_id, workload)
-            prior = family_prior(session, workload) if self.options.search.warm_start else None
+        """Run the claimed job ``job_id`` to its end (or this worker's part of it).
+
+        A database outage that outlasts the worker's patience (half its lease) gives the
+        job back rather than failing it: the job is not at fault, its measured trials are
+        kept, and the next claim resumes it (:meth:`_give_back`).
+        """
+        try:
+            workload, seeds, prior = ride_out(
+                lambda: self._job_inputs(workload_id), what=f"job {job_id}: reading it", within_s=self.patience_s
+            )
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            return self._give_back(job_id, f"workload {workload_id}", None, exc)
         self.on_event(
             "job_started", {"job_id": job_id, "workload_key": workload.key, "budget": budget, "attempt": attempt}
         )
@@ -265,34 +289,96 @@ class Worker:
             host=self.host,
             versions=self.versions(),
             stopping=lambda: self.stopping,
+            patience_s=self.patience_s,
         )
         try:
-            with self.measurer(workload) as measurer:
-                result = self._search(job_id, study, workload_id, workload, measurer, coordinator, seeds, prior)
+            try:
+                with self.measurer(workload) as measurer:
+                    result = self._search(job_id, study, workload_id, workload, measurer, coordinator, seeds, prior)
+                    if lost.is_set():
+                        return JobOutcome(job_id, workload.key, "lost", len(result.trials))
+                    if self._stop.is_set():
+                        self._release(job_id)
+                        return JobOutcome(job_id, workload.key, "released", len(result.trials))
+                    return self._finish(job_id, study, workload, measurer, result, lost)
+            except MeasurementAborted:
+                coordinator.abandon()
                 if lost.is_set():
-                    return JobOutcome(job_id, workload.key, "lost", len(result.trials))
-                if self._stop.is_set():
-                    with self.db.transaction() as session:
-                        queue.release_job(session, job_id, self.name)
-                    return JobOutcome(job_id, workload.key, "released", len(result.trials))
-                return self._finish(job_id, study, workload, measurer, result, lost)
-        except MeasurementAborted:
-            coordinator.abandon()
-            if lost.is_set():
-                return JobOutcome(job_id, workload.key, "lost", coordinator.completed)
-            with self.db.transaction() as session:
-                queue.release_job(session, job_id, self.name)
-            return JobOutcome(job_id, workload.key, "released", coordinator.completed)
+                    return JobOutcome(job_id, workload.key, "lost", coordinator.completed)
+                self._release(job_id)
+                return JobOutcome(job_id, workload.key, "released", coordinator.completed)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                coordinator.abandon()
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("job %s failed on %s:\n%s", job_id, self.name, traceback.format_exc())
+                self._end_failed(job_id, error)
+                return JobOutcome(job_id, workload.key, "failed", coordinator.completed, error=error)
         except Exception as exc:
-            coordinator.abandon()
-            error = f"{type(exc).__name__}: {exc}"
-            log.error("job %s failed on %s:\n%s", job_id, self.name, traceback.format_exc())
-            with self.db.transaction() as session:
-                queue.finish_job(session, job_id, self.name, "failed", error[:4000])
-            return JobOutcome(job_id, workload.key, "failed", coordinator.completed, error=error)
+            if not is_outage(exc):
+                raise
+            return self._give_back(job_id, workload.key, coordinator, exc)
         finally:
             finished.set()
             beat.join(5)
+
+    @property
+    def patience_s(self) -> float:
+        """How long one unit of a job's database work waits out an outage: half the lease,
+        which the heartbeat cannot extend while the database is away."""
+        return self.options.lease_s / 2
+
+    def _job_inputs(self, workload_id: int) -> tuple[Workload, list[TileConfig], Ridge | None]:
+        """The job's workload, its warm-start configs and its family's model (None without a warm start)."""
+        with self.db.read_sessions() as session:
+            row = session.get(models.Workload, workload_id)
+            assert row is not None
+            workload = workloads.workload_of(row)
+            seeds = warm_start_configs(session, workload_id, workload)
+            prior = family_prior(session, workload) if self.options.search.warm_start else None
+        return workload, seeds, prior
+
+    def _release(self, job_id: int) -> bool:
+        """Give the job back to the queue, its attempt uncounted (False: the worker no longer held it)."""
+
+        def release() -> bool:
+            with self.db.transaction() as session:
+                return queue.release_job(session, job_id, self.name)
+
+        return ride_out(release, what=f"job {job_id}: giving it back", within_s=self.patience_s)
+
+    def _end_failed(self, job_id: int, error: str) -> None:
+        def fail() -> None:
+            with self.db.transaction() as session:
+                queue.finish_job(session, job_id, self.name, "failed", error[:4000])
+
+        ride_out(fail, what=f"job {job_id}: recording its failure", within_s=self.patience_s)
+
+    def _give_back(
+        self, job_id: int, workload_key: str, coordinator: JobCoordinator | None, error: BaseException
+    ) -> JobOutcome:
+        """The database stayed away past the worker's patience in the middle of a job: drop this
+        worker's reservations and give the job back, trying for one more lease; if the database
+        is still away, leave the job to its lease, whose end makes it claimable again."""
+        done = 0 if coordinator is None else coordinator.completed
+        reason = f"database unavailable: {error.__class__.__name__}"
+        log.warning("job %s: the database is unavailable mid-job; giving the job back", job_id)
+
+        def give_back() -> bool:
+            with self.db.transaction() as session:  # also drops this worker's reservations
+                return queue.release_job(session, job_id, self.name)
+
+        try:
+            released = ride_out(give_back, what=f"job {job_id}: giving it back", within_s=self.options.lease_s)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("job %s: the database is still unavailable; its lease ends and it is claimable again", job_id)
+            return JobOutcome(job_id, workload_key, "lost", done, error=reason)
+        if coordinator is not None:
+            coordinator.reserved.clear()
+        return JobOutcome(job_id, workload_key, "released" if released else "lost", done, error=reason)
 
     def _heartbeat(self, job_id: int, lost: threading.Event, finished: threading.Event) -> None:
         interval = max(0.2, self.options.lease_s / 3)
@@ -301,7 +387,7 @@ class Worker:
                 with self.db.transaction() as session:
                     held = queue.heartbeat(session, job_id, self.name, self.options.lease_s)
             except Exception as exc:  # the database is briefly away: the lease has slack, try again
-                log.warning("heartbeat of job %s failed: %s", job_id, exc)
+                log.warning("heartbeat of job %s failed: %s", job_id, describe(exc) if is_outage(exc) else exc)
                 continue
             if not held:
                 log.warning("job %s is no longer held by %s (cancelled or taken over): stopping", job_id, self.name)
@@ -344,9 +430,11 @@ class Worker:
                 },
             )
 
-        with self.db.read_sessions() as session:
-            holders = queue.job_progress(session, [job_id])[job_id].workers
-        if list(holders) == [self.name]:
+        def holders() -> list[str]:
+            with self.db.read_sessions() as session:
+                return list(queue.job_progress(session, [job_id])[job_id].workers)
+
+        if ride_out(holders, what=f"job {job_id}: reading its workers", within_s=self.patience_s) == [self.name]:
             fail_orphaned_trials(self.storage(), study)
         return run_search(
             space,
@@ -366,8 +454,11 @@ class Worker:
         versions = self.versions()
 
         def gate(config: TileConfig) -> str | None:
-            with self.db.read_sessions() as session:
-                return compiles.refusal(session, workload_id, config.to_dict(), versions)
+            def refusal() -> str | None:
+                with self.db.read_sessions() as session:
+                    return compiles.refusal(session, workload_id, config.to_dict(), versions)
+
+            return ride_out(refusal, what="reading compile verdicts", within_s=self.patience_s)
 
         return gate
 
@@ -382,11 +473,15 @@ class Worker:
     ) -> JobOutcome:
         """The budget is spent: the first worker here re-times the finalists and publishes; the others leave."""
         mine = len(result.trials)
-        with self.db.transaction() as session:
-            finalizer = queue.begin_finalize(session, job_id, self.name)
-            if not finalizer:
-                queue.leave_job(session, job_id, self.name)
-        if not finalizer:
+
+        def finalize_or_leave() -> bool:
+            with self.db.transaction() as session:
+                finalizer = queue.begin_finalize(session, job_id, self.name)
+                if not finalizer:
+                    queue.leave_job(session, job_id, self.name)
+                return finalizer
+
+        if not ride_out(finalize_or_leave, what=f"job {job_id}: finishing its search", within_s=self.patience_s):
             return JobOutcome(job_id, workload.key, "left", mine)
         self._wait_for_co_workers(job_id, lost)
         if lost.is_set():
@@ -394,18 +489,26 @@ class Worker:
         # Nobody else works on the job now: a trial still RUNNING in its study was asked by a
         # worker that died, and would stay so on the finished job.
         fail_orphaned_trials(self.storage(), study)
-        with self.db.read_sessions() as session:
-            everyone = SearchResult(
-                trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
-            )
+
+        def measured_ok() -> SearchResult:
+            with self.db.read_sessions() as session:
+                return SearchResult(
+                    trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
+                )
+
+        everyone = ride_out(measured_ok, what=f"job {job_id}: reading its trials", within_s=self.patience_s)
         pick_winner(everyone, measurer, self.options.search, SearchSpace(workload, workload.backend))
         if self.options.backend == "replay":
             everyone.others_cores = None  # a replay answers from its table: the machine's load did not touch it
         if everyone.best is None or everyone.best_median_ms is None:
-            with self.db.transaction() as session:
-                queue.finish_job(session, job_id, self.name, "failed", "no config measured ok")
+            self._end_failed(job_id, "no config measured ok")
             return JobOutcome(job_id, workload.key, "failed", mine, error="no config measured ok")
-        tuned_id = publish_job_winner(self.db, job_id, self.name, workload.key, everyone, self.versions())
+        # The re-timing above is the finish's costly part: a short outage must not throw it away.
+        tuned_id = ride_out(
+            lambda: publish_job_winner(self.db, job_id, self.name, workload.key, everyone, self.versions()),
+            what=f"job {job_id}: publishing its winner",
+            within_s=self.options.lease_s,
+        )
         if tuned_id is None:
             return JobOutcome(job_id, workload.key, "lost", mine)
         self.on_event(
@@ -429,11 +532,14 @@ class Worker:
         job's end then records that trial ``crashed``.
         """
         deadline = time.monotonic() + 2 * self.options.trial_timeout_s + self.options.lease_s
-        while not lost.is_set() and time.monotonic() < deadline:
+
+        def busy() -> int:
             with self.db.transaction() as session:
                 queue.reap_lost_trials(session, job_id)
-                busy = queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
-            if busy == 0:
+                return queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
+
+        while not lost.is_set() and time.monotonic() < deadline:
+            if ride_out(busy, what=f"job {job_id}: waiting for its co-workers", within_s=self.patience_s) == 0:
                 return
             lost.wait(min(1.0, self.options.poll_s))
 

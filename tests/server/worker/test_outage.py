@@ -1,0 +1,165 @@
+"""Workers ride out a PostgreSQL outage instead of dying of it.
+
+Its connections are cut (as a restart or a failover does) while it waits for jobs and
+many times while it tunes one: it keeps working and the job ends as if nothing had
+happened. The database then refuses connections for longer than the worker's patience
+in the middle of a job: the worker gives the job up, waits for the database, and the
+job is resumed and done, its records whole (check_job_records). A compile worker
+keeps waiting for TPU jobs through cut connections and compiles the next one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import select
+
+from kernel.tpu_targets import libtpu_installed
+from server.bench.crash import scratch_database
+from server.bench.harness import Child, tiletune_command
+from server.store import models, queue, workloads
+from server.store.db import Database
+from server.store.migrate import upgrade
+from tests.autotune.test_compile_pool import WORKLOAD
+from tests.server.outages import connections, cut_connections, refused
+from tests.server.worker.workers import check_job_records, queue_replay_jobs, start_worker, statuses, wait_for
+
+pytestmark = pytest.mark.postgres
+
+BUDGET = 8
+
+
+@pytest.fixture
+def outage_url(postgres_url: str) -> Iterator[str]:
+    """A database of this test's own: its outages reach no other test's connections."""
+    with scratch_database(postgres_url, "outage") as url:
+        upgrade(url)
+        yield url
+
+
+def job_status(url: str, job_id: int) -> str:
+    db = Database(url)  # a fresh pool each time: the cuts end this process's connections too
+    try:
+        return statuses(db, [job_id])[job_id]
+    finally:
+        db.dispose()
+
+
+def wait_done(url: str, job_id: int, timeout_s: float, every_s: float = 0.0) -> int:
+    """Until the job is done, cutting the database's connections every ``every_s`` seconds while it
+    runs (0: never); how many cuts landed while it was running."""
+    deadline = time.monotonic() + timeout_s
+    cuts = 0
+    while (status := job_status(url, job_id)) != "done":
+        assert status in ("queued", "running") and time.monotonic() < deadline, status
+        if every_s and status == "running":
+            cuts += cut_connections(url) > 0
+        time.sleep(every_s or 0.2)
+    return cuts
+
+
+def test_a_worker_rides_out_connections_cut_while_idle_and_while_tuning(outage_url: str) -> None:
+    worker = start_worker(outage_url, "--poll", "0.2", "--replay-sleep", "0.5")
+    try:
+        worker.wait_for_output("claiming", 120)
+        for _ in range(3):  # idle: each next claim meets a broken connection, and connects again
+            wait_for(lambda: connections(outage_url) > 0, 60, "the worker to connect again")
+            assert cut_connections(outage_url) >= 1
+        assert worker.poll() is None, worker.output()
+        db = Database(outage_url)
+        (job_id,) = queue_replay_jobs(db, 1, budget=BUDGET)
+        db.dispose()
+        cuts = wait_done(outage_url, job_id, 180, every_s=0.3)
+        assert cuts >= 3, f"only {cuts} cuts landed while the job ran: nothing tested mid-job"
+        assert worker.poll() is None, worker.output()
+    finally:
+        worker.signal(2)
+        worker.wait(60)
+        output = worker.output()
+        worker.close()
+    db = Database(outage_url)
+    try:
+        check_job_records(db, job_id, BUDGET)
+        with db.read_sessions() as session:
+            job = session.get(models.Job, job_id)
+            assert job is not None and job.error is None and job.attempts == 1
+            # Each cut was ridden out where it met the worker: the job never left it.
+            assert [lease.end_reason for lease in queue.job_leases(session, job_id)] == ["done"], output
+    finally:
+        db.dispose()
+    assert "database unavailable" in output and "database reachable again" in output, output
+    assert "giving the job back" not in output, output
+    assert "Traceback" not in output, output
+    assert "stopped after 1 job(s), 0 failed" in output, output
+
+
+def test_an_outage_longer_than_its_patience_gives_the_job_up_and_it_is_resumed(outage_url: str) -> None:
+    # A 2 s lease: the worker waits out 1 s of outage per unit of work, then tries for 2 s more to
+    # give the job back, then leaves it to its lease; the outage lasts longer than all of that.
+    worker = start_worker(outage_url, "--poll", "0.2", "--lease", "2", "--replay-sleep", "0.5")
+    try:
+        worker.wait_for_output("claiming", 120)
+        db = Database(outage_url)
+        (job_id,) = queue_replay_jobs(db, 1, budget=BUDGET)
+        db.dispose()
+        deadline = time.monotonic() + 120
+        while job_status(outage_url, job_id) != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)  # a few trials in
+        with refused(outage_url):
+            time.sleep(6)
+            assert worker.poll() is None, worker.output()
+        wait_done(outage_url, job_id, 180)
+        assert worker.poll() is None, worker.output()
+    finally:
+        worker.signal(2)
+        worker.wait(60)
+        output = worker.output()
+        worker.close()
+    db = Database(outage_url)
+    try:
+        check_job_records(db, job_id, BUDGET)
+        with db.read_sessions() as session:
+            job = session.get(models.Job, job_id)
+            assert job is not None and job.status == "done"
+    finally:
+        db.dispose()
+    assert "the database is unavailable mid-job; giving the job back" in output, output
+    assert "the database is still unavailable; its lease ends and it is claimable again" in output, output
+    assert f"(budget {BUDGET}, attempt 2)" in output, output  # resumed by this same worker
+    assert "database reachable again" in output, output
+    assert "Traceback" not in output, output
+
+
+@pytest.mark.skipif(
+    not libtpu_installed(), reason="libtpu (the TPU compiler) is not installed: pip install -e '.[tpu]'"
+)
+def test_a_compile_worker_rides_out_connections_cut_while_it_waits_for_jobs(outage_url: str) -> None:
+    argv = ["worker", "--compile-only", "--poll", "0.2", "--max-configs", "1", "--database-url", outage_url]
+    worker = Child("compile worker", tiletune_command(*argv))
+    try:
+        worker.wait_for_output("compiling for queued TPU jobs", 120)
+        for _ in range(3):
+            wait_for(lambda: connections(outage_url) > 0, 60, "the compile worker to connect again")
+            assert cut_connections(outage_url) >= 1
+        db = Database(outage_url)
+        try:
+            with db.transaction() as session:
+                queue.enqueue_job(session, workloads.workload_row(session, WORKLOAD), budget=8)
+
+            def compiled() -> bool:
+                with db.read_sessions() as session:
+                    return session.scalar(select(models.Trial).where(models.Trial.status == "compiled")) is not None
+
+            wait_for(compiled, 120, "a compile verdict after the outages")
+        finally:
+            db.dispose()
+        assert worker.poll() is None, worker.output()
+    finally:
+        worker.signal(2)
+        worker.wait(60)
+        output = worker.output()
+        worker.close()
+    assert output.count("database reachable again") >= 3 and "Traceback" not in output, output
