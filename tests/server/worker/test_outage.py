@@ -59,6 +59,37 @@ def wait_done(url: str, job_id: int, timeout_s: float, every_s: float = 0.0) -> 
     return cuts
 
 
+def queue_one(url: str) -> int:
+    db = Database(url)
+    try:
+        (job_id,) = queue_replay_jobs(db, 1, budget=BUDGET)
+        return job_id
+    finally:
+        db.dispose()
+
+
+def stop(worker: Child) -> str:
+    """Stop the worker as Ctrl-C does; everything it printed."""
+    worker.signal(2)
+    worker.wait(60)
+    output = worker.output()
+    worker.close()
+    return output
+
+
+def finished(url: str, job_id: int) -> tuple[models.Job, list[str | None]]:
+    """The job, its records checked whole (check_job_records), and how each of its leases ended."""
+    db = Database(url)
+    try:
+        check_job_records(db, job_id, BUDGET)
+        with db.read_sessions() as session:
+            job = session.get(models.Job, job_id)
+            assert job is not None
+            return job, [lease.end_reason for lease in queue.job_leases(session, job_id)]
+    finally:
+        db.dispose()
+
+
 def test_a_worker_rides_out_connections_cut_while_idle_and_while_tuning(outage_url: str) -> None:
     worker = start_worker(outage_url, "--poll", "0.2", "--replay-sleep", "0.5")
     try:
@@ -67,27 +98,15 @@ def test_a_worker_rides_out_connections_cut_while_idle_and_while_tuning(outage_u
             wait_for(lambda: connections(outage_url) > 0, 60, "the worker to connect again")
             assert cut_connections(outage_url) >= 1
         assert worker.poll() is None, worker.output()
-        db = Database(outage_url)
-        (job_id,) = queue_replay_jobs(db, 1, budget=BUDGET)
-        db.dispose()
+        job_id = queue_one(outage_url)
         cuts = wait_done(outage_url, job_id, 180, every_s=0.3)
         assert cuts >= 3, f"only {cuts} cuts landed while the job ran: nothing tested mid-job"
         assert worker.poll() is None, worker.output()
     finally:
-        worker.signal(2)
-        worker.wait(60)
-        output = worker.output()
-        worker.close()
-    db = Database(outage_url)
-    try:
-        check_job_records(db, job_id, BUDGET)
-        with db.read_sessions() as session:
-            job = session.get(models.Job, job_id)
-            assert job is not None and job.error is None and job.attempts == 1
-            # Each cut was ridden out where it met the worker: the job never left it.
-            assert [lease.end_reason for lease in queue.job_leases(session, job_id)] == ["done"], output
-    finally:
-        db.dispose()
+        output = stop(worker)
+    job, leases = finished(outage_url, job_id)
+    assert job.error is None and job.attempts == 1
+    assert leases == ["done"], output  # each cut was ridden out where it met the worker: the job never left it
     assert "database unavailable" in output and "database reachable again" in output, output
     assert "giving the job back" not in output, output
     assert "Traceback" not in output, output
@@ -100,9 +119,7 @@ def test_an_outage_longer_than_its_patience_gives_the_job_up_and_it_is_resumed(o
     worker = start_worker(outage_url, "--poll", "0.2", "--lease", "2", "--replay-sleep", "0.5")
     try:
         worker.wait_for_output("claiming", 120)
-        db = Database(outage_url)
-        (job_id,) = queue_replay_jobs(db, 1, budget=BUDGET)
-        db.dispose()
+        job_id = queue_one(outage_url)
         deadline = time.monotonic() + 120
         while job_status(outage_url, job_id) != "running":
             assert time.monotonic() < deadline
@@ -114,18 +131,9 @@ def test_an_outage_longer_than_its_patience_gives_the_job_up_and_it_is_resumed(o
         wait_done(outage_url, job_id, 180)
         assert worker.poll() is None, worker.output()
     finally:
-        worker.signal(2)
-        worker.wait(60)
-        output = worker.output()
-        worker.close()
-    db = Database(outage_url)
-    try:
-        check_job_records(db, job_id, BUDGET)
-        with db.read_sessions() as session:
-            job = session.get(models.Job, job_id)
-            assert job is not None and job.status == "done"
-    finally:
-        db.dispose()
+        output = stop(worker)
+    job, leases = finished(outage_url, job_id)
+    assert job.attempts == 2 and leases == ["expired", "done"], output
     assert "the database is unavailable mid-job; giving the job back" in output, output
     assert "the database is still unavailable; its lease ends and it is claimable again" in output, output
     assert f"(budget {BUDGET}, attempt 2)" in output, output  # resumed by this same worker
@@ -158,8 +166,5 @@ def test_a_compile_worker_rides_out_connections_cut_while_it_waits_for_jobs(outa
             db.dispose()
         assert worker.poll() is None, worker.output()
     finally:
-        worker.signal(2)
-        worker.wait(60)
-        output = worker.output()
-        worker.close()
+        output = stop(worker)
     assert output.count("database reachable again") >= 3 and "Traceback" not in output, output
