@@ -21,7 +21,11 @@ from kernel.workload import Workload
 from server.store import models, records, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
+from server.store.outage import ride_out
 
+#: How long a local tune's writes wait out a database outage: each stands for a measured trial or
+#: the whole search's winner, too costly to throw away for a restart.
+TUNE_PATIENCE_S = 60.0
 NEAREST_SEEDS = 3  # tuned configs of the closest workloads that warm-start a search
 NEAREST_CANDIDATES = 16  # tuned workloads compared on each side of the sequence length
 
@@ -74,7 +78,8 @@ def tune_workload(
     on_trial: Callable[[TrialResult, SearchResult], None] | None = None,
 ) -> TuneOutcome:
     """Search ``workload`` on this machine, warm-started by :func:`warm_start_configs` (unless
-    ``search.warm_start`` is off); store every trial as it finishes, then the best config."""
+    ``search.warm_start`` is off); store every trial as it finishes, then the best config.
+    Each write rides out a database outage of up to :data:`TUNE_PATIENCE_S`."""
     upgrade(database_url)
     db = Database(database_url)
     versions = software_versions(workload.backend)
@@ -82,20 +87,27 @@ def tune_workload(
     space = SearchSpace(workload, workload.backend)
     trial_rows: dict[int, int] = {}
     try:
-        with db.transaction() as session:
-            workload_id = workloads.workload_row(session, workload).id
-            seeds = warm_start_configs(session, workload_id, workload)
-            prior = family_prior(session, workload) if search.warm_start else None
+
+        def inputs() -> tuple[int, list[TileConfig], Ridge | None]:
+            with db.transaction() as session:
+                workload_id = workloads.workload_row(session, workload).id
+                seeds = warm_start_configs(session, workload_id, workload)
+                return workload_id, seeds, family_prior(session, workload) if search.warm_start else None
+
+        workload_id, seeds, prior = ride_out(inputs, what=f"reading {workload.key}", within_s=TUNE_PATIENCE_S)
         search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds), prior=prior)
 
         def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
-            with db.transaction() as session:
-                row = session.get(models.Workload, workload_id)
-                assert row is not None
-                trial = records.record_trial(
-                    session, row, config.to_dict(), status, job_id=job_id, versions=versions, host=host, **fields
-                )
-                return trial.id
+            def store() -> int:
+                with db.transaction() as session:
+                    row = session.get(models.Workload, workload_id)
+                    assert row is not None
+                    trial = records.record_trial(
+                        session, row, config.to_dict(), status, job_id=job_id, versions=versions, host=host, **fields
+                    )
+                    return trial.id
+
+            return ride_out(store, what=f"storing a trial of {workload.key}", within_s=TUNE_PATIENCE_S)
 
         def record(trial: TrialResult, result: SearchResult) -> None:
             fields = trial.measurement.trial_fields()
@@ -112,11 +124,16 @@ def tune_workload(
             result = run_search(space, supervisor, search, on_trial=record, on_invalid=record_invalid)
         tuned_id = None
         if result.best is not None:
-            with db.transaction() as session:
-                row = session.get(models.Workload, workload_id)
-                assert row is not None
-                best_row = session.get(models.Trial, trial_rows[result.best.number])
-                tuned_id = publish_winner(session, row, result, versions, best_row)
+            best = result.best
+
+            def publish() -> int | None:
+                with db.transaction() as session:
+                    row = session.get(models.Workload, workload_id)
+                    assert row is not None
+                    best_row = session.get(models.Trial, trial_rows[best.number])
+                    return publish_winner(session, row, result, versions, best_row)
+
+            tuned_id = ride_out(publish, what=f"publishing the winner of {workload.key}", within_s=TUNE_PATIENCE_S)
         return TuneOutcome(workload.key, result, tuned_id, versions)
     finally:
         db.dispose()

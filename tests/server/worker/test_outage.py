@@ -9,21 +9,27 @@ keeps waiting for TPU jobs through cut connections and compiles the next one."""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import select
 
+from autotune.replay import RecordedTable, ReplayMeasurer
+from autotune.search import SearchOptions
+from kernel.config import params_key
 from kernel.tpu_targets import libtpu_installed
 from server.bench.crash import scratch_database
 from server.bench.harness import Child, tiletune_command
 from server.store import models, queue, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
+from server.worker import tune
 from tests.autotune.test_compile_pool import WORKLOAD
 from tests.server.outages import connections, cut_connections, refused
-from tests.server.worker.workers import check_job_records, queue_replay_jobs, start_worker, statuses, wait_for
+from tests.server.worker.workers import TABLE, check_job_records, queue_replay_jobs, start_worker, statuses, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -168,3 +174,43 @@ def test_a_compile_worker_rides_out_connections_cut_while_it_waits_for_jobs(outa
     finally:
         output = stop(worker)
     assert output.count("database reachable again") >= 3 and "Traceback" not in output, output
+
+
+def test_a_local_tune_keeps_every_trial_and_its_winner_through_cut_connections(
+    outage_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``tiletune tune`` stores each trial as it finishes and the winner at the end: a restart of
+    the database meanwhile must not throw away the measurements (here answered from a recorded
+    table, 0.1 of its recorded time each, so the cuts meet the writes)."""
+    caplog.set_level(logging.WARNING, logger="tiletune.store")
+    table = RecordedTable.load(TABLE)
+    monkeypatch.setattr(tune, "Supervisor", lambda *args, **kwargs: ReplayMeasurer(table, 0.1))
+    done = threading.Event()
+
+    def cut_until_done() -> None:
+        while not done.wait(0.15):
+            cut_connections(outage_url)
+
+    cutter = threading.Thread(target=cut_until_done)
+    cutter.start()
+    try:
+        outcome = tune.tune_workload(
+            table.workload, database_url=outage_url, search=SearchOptions(trials=BUDGET, seed=0)
+        )
+    finally:
+        done.set()
+        cutter.join(30)
+    assert outcome.tuned_config_id is not None and len(outcome.result.trials) == BUDGET
+    met = [r.getMessage() for r in caplog.records if "storing a trial" in r.getMessage()]
+    assert met, "no cut met a trial's write: nothing tested"
+    db = Database(outage_url)
+    try:
+        with db.read_sessions() as session:
+            rows = session.scalars(select(models.Trial).where(models.Trial.status != "invalid")).all()
+            assert sorted(r.params_key for r in rows) == sorted(
+                params_key(t.config.to_dict()) for t in outcome.result.trials
+            )
+            tuned = session.get(models.TunedConfig, outcome.tuned_config_id)
+            assert tuned is not None and tuned.trial_id in {r.id for r in rows}
+    finally:
+        db.dispose()
