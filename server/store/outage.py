@@ -8,8 +8,9 @@ restart). :func:`is_outage` tells such an error from a real one;
 :func:`ride_out` retries one unit of database work through a short outage;
 :class:`OutageWait` paces a loop that waits for the database to come back.
 
-What counts as an outage (anywhere in the error's chain of causes, so Optuna's
-``StorageInternalError`` around a SQLAlchemy error counts too):
+What counts as an outage (the error or one it was raised from, so Optuna's
+``StorageInternalError`` raised from a SQLAlchemy error counts too; an error merely
+raised while another was handled does not):
 
 - a connection SQLAlchemy found broken (``connection_invalidated``);
 - a connection that could not be made (an ``OperationalError`` with no statement);
@@ -20,9 +21,9 @@ What counts as an outage (anywhere in the error's chain of causes, so Optuna's
 
 A retry after an outage is safe for tiletune's own units of work: a failed
 transaction is rolled back whole, and the few whose commit may have landed
-before the connection broke are written to find their own earlier result
-(:func:`server.store.queue.complete_trial`, :func:`server.store.queue.reserve_trial`'s
-``busy`` with the worker's own row).
+before the connection broke find their own earlier result when tried again
+(:func:`server.store.queue.complete_trial`, :func:`server.store.compiles.record_compile`;
+a worker's coordinator takes a ``busy`` reservation of its own row as its own).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def is_outage(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, sa_exc.DBAPIError) and _dbapi_outage(current):
             return True
-        current = current.__cause__ or current.__context__
+        current = current.__cause__
     return False
 
 
@@ -75,9 +76,10 @@ def _dbapi_outage(error: sa_exc.DBAPIError) -> bool:
 def ride_out(call: Callable[[], T], *, what: str, within_s: float, stop: threading.Event | None = None) -> T:
     """``call()``, tried again while it fails with an outage, for up to ``within_s`` seconds.
 
-    Waits grow from a quarter of a second to 5 s, plus up to a quarter of a second
-    at random (so the workers of a fleet do not all come back at once). An error that is not an outage, or an outage
-    that outlasts ``within_s`` (or ``stop`` being set), is raised as it came.
+    Waits grow from a quarter of a second to 5 s, plus up to a quarter of a second at
+    random (so the workers of a fleet do not all come back at once). An error that is
+    not an outage, or an outage that outlasts ``within_s`` (or ``stop`` being set), is
+    raised as it came.
     """
     stops: tenacity.stop.stop_base = tenacity.stop_after_delay(within_s)
     if stop is not None:
@@ -109,8 +111,8 @@ class OutageWait:
     """The pace of a loop (a worker polling for jobs) while the database is away.
 
     :meth:`failed` returns how long to wait before trying again: the loop's own
-    poll interval first, doubling to ``max_s``; it logs the outage once when it
-    begins, as the wait grows and then every tenth try, not at every poll. :meth:`succeeded`
+    poll interval first, doubling to ``max_s``; it logs the outage when it begins,
+    as the wait grows and then every tenth try, not at every poll. :meth:`succeeded`
     ends the outage and logs how long it lasted.
     """
 

@@ -63,6 +63,20 @@ def test_connecting_failures_broken_connections_and_causes_count() -> None:
     except optuna.exceptions.StorageInternalError as storage_error:
         assert is_outage(storage_error)  # Optuna's error around the outage
     assert not is_outage(optuna.exceptions.StorageInternalError("no cause"))
+    try:
+        try:
+            raise wrapped(psycopg.errors.AdminShutdown("bye"))
+        except sa_exc.SQLAlchemyError:
+            raise ValueError("a bug in the handler") from None
+    except ValueError as bug:
+        assert not is_outage(bug)  # raised while an outage was handled, not from it
+    try:
+        try:
+            raise wrapped(psycopg.errors.AdminShutdown("bye"))
+        except sa_exc.SQLAlchemyError:
+            raise KeyError("a bug in the handler")  # noqa: B904 (the implicit context is the case tested)
+    except KeyError as bug:
+        assert not is_outage(bug)
     assert not is_outage(RuntimeError("a bug"))
 
 
