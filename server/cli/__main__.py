@@ -1,5 +1,5 @@
 """``python -m server.cli``: the ``tiletune`` command without the console script."""
 
-from server.cli import app
+from server.cli import main
 
-app()
+main()

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from server.bench.harness import tiletune_command
 from server.cli import app as cli
 from server.store import records, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
 from tests.server.api.test_api import CONFIG, VERSIONS
+from tests.server.worker.workers import TABLE
 from tests.serving import tiletune_serve
 
 runner = CliRunner()
@@ -188,3 +191,23 @@ def test_a_bad_workload_file_is_an_error_naming_what_is_wrong(tmp_path: Path, co
     if named in ("No such file", "Expecting property name"):  # what the server never sees is named by lookup
         result = runner.invoke(cli, ["lookup", "--workload", str(spec), "--database-url", url], env={"COLUMNS": "400"})
         assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["db", "upgrade"],
+        ["worker", "--backend", "replay", "--replay-table", str(TABLE)],
+        ["token", "create", "--name", "ops", "--role", "writer"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_database_that_cannot_be_reached_is_one_line_not_a_traceback(argv: list[str]) -> None:
+    """Port 9 refuses connections: the command says so in a line naming the host and port, and exits 1."""
+    url = "postgresql+psycopg://postgres@127.0.0.1:9/absent"
+    env = {**os.environ, "TILETUNE_DATABASE_URL": url}
+    done = subprocess.run(tiletune_command(*argv), env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 3, done.stderr
+    assert "error: no database connection: OperationalError: connection failed" in done.stderr
+    assert '"127.0.0.1", port 9 failed' in done.stderr and "TILETUNE_DATABASE_URL" in done.stderr
