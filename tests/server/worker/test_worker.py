@@ -318,3 +318,27 @@ def test_one_tuned_config_per_job_however_many_finish_it(db: Database, database_
     (tuned,) = jobs_tuned_configs(db, job_id)
     assert tuned.id in published and tuned.is_current
     assert statuses(db, [job_id]) == {job_id: "done"}
+
+
+def test_the_tolerant_storage_wraps_every_call_the_study_makes() -> None:
+    """Every storage method that Optuna's study front (_CachedStorage) calls on the RDB storage
+    rides out an outage, but for the ones of Optuna's own heartbeats (unused here) and delete_study."""
+    import inspect
+    import re
+
+    from optuna.storages import _cached_storage
+
+    from server.worker.coordinator import STORAGE_CALLS, OutageTolerantStorage
+
+    called = set(re.findall(r"self\._backend\.(\w+)\(", inspect.getsource(_cached_storage)))
+    assert {"_create_new_trial", "_get_trials", "set_trial_state_values"} <= called  # the pattern finds the calls
+    unused = {
+        "record_heartbeat",
+        "_get_stale_trial_ids",
+        "get_heartbeat_interval",
+        "get_heartbeat_stale_trial_callback",
+    }
+    assert called - unused - {"delete_study"} <= set(STORAGE_CALLS), sorted(called - set(STORAGE_CALLS))
+    for name in STORAGE_CALLS:
+        assert hasattr(optuna.storages.RDBStorage, name), f"Optuna has no RDBStorage.{name} any more"
+        assert getattr(OutageTolerantStorage, name) is not getattr(optuna.storages.RDBStorage, name), name
