@@ -10,7 +10,8 @@ restart). :func:`is_outage` tells such an error from a real one;
 
 What counts as an outage (the error or one it was raised from, so Optuna's
 ``StorageInternalError`` raised from a SQLAlchemy error counts too; an error merely
-raised while another was handled does not):
+raised while another was handled does not, but for SQLAlchemy's ``PendingRollbackError``
+raised while an outage was handled: the session was used again on the broken connection):
 
 - a connection SQLAlchemy found broken (``connection_invalidated``);
 - a connection that could not be made (an ``OperationalError`` with no statement);
@@ -54,6 +55,10 @@ def is_outage(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, sa_exc.DBAPIError) and _dbapi_outage(current):
             return True
+        if isinstance(current, sa_exc.PendingRollbackError) and current.__context__ is not None:
+            # The same session used again after its connection broke (Optuna's storage does so in
+            # its own error handling): SQLAlchemy's word for the outage met a moment before.
+            return is_outage(current.__context__)
         current = current.__cause__
     return False
 

@@ -63,6 +63,22 @@ def test_connecting_failures_broken_connections_and_causes_count() -> None:
     except optuna.exceptions.StorageInternalError as storage_error:
         assert is_outage(storage_error)  # Optuna's error around the outage
     assert not is_outage(optuna.exceptions.StorageInternalError("no cause"))
+    # Optuna's _get_trials queries again in its own error handling, on the session whose
+    # connection just broke: SQLAlchemy answers PendingRollbackError, Optuna wraps that.
+    for first, outage in (
+        (wrapped(psycopg.errors.AdminShutdown("bye")), True),
+        (wrapped(psycopg.errors.UniqueViolation("dup")), False),
+    ):
+        try:
+            try:
+                try:
+                    raise first
+                except sa_exc.SQLAlchemyError:
+                    raise sa_exc.PendingRollbackError("Can't reconnect until invalid transaction is rolled back.")  # noqa: B904
+            except sa_exc.SQLAlchemyError as e:
+                raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+        except optuna.exceptions.StorageInternalError as storage_error:
+            assert is_outage(storage_error) is outage
     try:
         try:
             raise wrapped(psycopg.errors.AdminShutdown("bye"))

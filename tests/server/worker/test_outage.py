@@ -111,7 +111,7 @@ def test_a_worker_rides_out_connections_cut_while_idle_and_while_tuning(outage_u
     finally:
         output = stop(worker)
     job, leases = finished(outage_url, job_id)
-    assert job.error is None and job.attempts == 1
+    assert job.error is None and job.attempts == 1, output
     assert leases == ["done"], output  # each cut was ridden out where it met the worker: the job never left it
     assert "database unavailable" in output and "database reachable again" in output, output
     assert "giving the job back" not in output, output
