@@ -425,8 +425,14 @@ def test_recording_the_same_outcome_twice_is_kept_and_another_is_not(db: Databas
     with db.transaction() as session:
         assert queue.claim_job(session, "w", device_kind="cpu", backend="xla") is not None
         trial_id = queue.reserve_trial(session, job_id, "w", params(0)).trial_id or 0
-        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.5, p10_ms=2.4, error=None)
-        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.5, p10_ms=2.4, error=None)
-        assert not queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.6, p10_ms=2.4, error=None)
-        assert not queue.complete_trial(session, trial_id, "w", "crashed", median_ms=2.5, p10_ms=2.4, error=None)
-        assert not queue.complete_trial(session, trial_id, "other", "ok", median_ms=2.5, p10_ms=2.4, error=None)
+        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.123456789012345, p10_ms=0.1, error=None)
+        assert queue.complete_trial(session, trial_id, "w", "ok", median_ms=2.123456789012345, p10_ms=0.1, error=None)
+        assert not queue.complete_trial(
+            session, trial_id, "w", "ok", median_ms=2.123456789012346, p10_ms=0.1, error=None
+        )
+        assert not queue.complete_trial(
+            session, trial_id, "w", "crashed", median_ms=2.123456789012345, p10_ms=0.1, error=None
+        )
+        assert not queue.complete_trial(
+            session, trial_id, "other", "ok", median_ms=2.123456789012345, p10_ms=0.1, error=None
+        )
