@@ -339,14 +339,16 @@ class Worker:
             prior = family_prior(session, workload) if self.options.search.warm_start else None
         return workload, seeds, prior
 
-    def _release(self, job_id: int) -> bool:
-        """Give the job back to the queue, its attempt uncounted (False: the worker no longer held it)."""
+    def _release(self, job_id: int, within_s: float | None = None) -> bool:
+        """Give the job back to the queue, its attempt uncounted, dropping this worker's reservations
+        (False: the worker no longer held it); an outage is waited out for ``within_s`` (the patience)."""
 
         def release() -> bool:
             with self.db.transaction() as session:
                 return queue.release_job(session, job_id, self.name)
 
-        return ride_out(release, what=f"job {job_id}: giving it back", within_s=self.patience_s)
+        patience = self.patience_s if within_s is None else within_s
+        return ride_out(release, what=f"job {job_id}: giving it back", within_s=patience)
 
     def _end_failed(self, job_id: int, error: str) -> None:
         def fail() -> None:
@@ -365,12 +367,8 @@ class Worker:
         reason = f"database unavailable: {error.__class__.__name__}"
         log.warning("job %s: the database is unavailable mid-job; giving the job back", job_id)
 
-        def give_back() -> bool:
-            with self.db.transaction() as session:  # also drops this worker's reservations
-                return queue.release_job(session, job_id, self.name)
-
         try:
-            released = ride_out(give_back, what=f"job {job_id}: giving it back", within_s=self.options.lease_s)
+            released = self._release(job_id, within_s=self.options.lease_s)
         except Exception as exc:
             if not is_outage(exc):
                 raise
