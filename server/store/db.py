@@ -5,17 +5,26 @@ unit of work is ``with db.transaction() as session: ...``, committed when the
 block ends and rolled back when it raises (as Optuna's RDB storage does with its
 scoped session). Store functions take that session and never commit themselves,
 so a caller composes several of them into one atomic change.
+
+:meth:`Database.transact` and :meth:`Database.read` run such a unit of work as a
+function of its session and try it again, whole, through a database outage
+(:func:`server.store.outage.ride_out`): what a worker or a tune must not lose to
+a database restart goes through them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Select, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from server.store.outage import ride_out
+
+T = TypeVar("T")
 
 
 def normalize_url(url: str) -> str:
@@ -90,6 +99,26 @@ class Database:
             except BaseException:
                 session.rollback()
                 raise
+
+    def transact(self, work: Callable[[Session], T], *, what: str, within_s: float) -> T:
+        """``work(session)`` in one :meth:`transaction`, the whole transaction tried again while a
+        database outage lasts, for up to ``within_s`` seconds (``what`` names it in the log)."""
+
+        def attempt() -> T:
+            with self.transaction() as session:
+                return work(session)
+
+        return ride_out(attempt, what=what, within_s=within_s)
+
+    def read(self, work: Callable[[Session], T], *, what: str, within_s: float) -> T:
+        """``work(session)`` on a read session, tried again while a database outage lasts, for up
+        to ``within_s`` seconds (``what`` names it in the log)."""
+
+        def attempt() -> T:
+            with self.read_sessions() as session:
+                return work(session)
+
+        return ride_out(attempt, what=what, within_s=within_s)
 
     def reader(self) -> Connection:
         """A connection for reads only (autocommit on PostgreSQL; use as a context manager)."""

@@ -37,7 +37,7 @@ from kernel.tpu_targets import TARGETS, require_libtpu
 from kernel.workload import Workload
 from server.store import compiles, workloads
 from server.store.db import Database
-from server.store.outage import OutageWait, is_outage, ride_out
+from server.store.outage import OutageWait, is_outage
 from server.worker.tune import warm_start_configs
 from server.worker.worker import worker_name
 
@@ -188,13 +188,7 @@ class CompileWorker:
                         raise RuntimeError(f"compiling for {workload.device_kind} failed: {future.exception()}")
                     verdict = future.result()
 
-                    def record(trial_id: int = trial_id, verdict: CompileOutcome = verdict) -> bool:
-                        with self.db.transaction() as session:
-                            return compiles.record_compile(session, trial_id, self.name, verdict)
-
-                    # A verdict costs a compile: a short outage must not throw it away.
-                    kept = ride_out(record, what=f"job {job_id}: recording a compile", within_s=RECORD_PATIENCE_S)
-                    if kept:
+                    if self._record(job_id, trial_id, verdict):
                         outcome.compiled += 1
                         outcome.refused += not verdict.ok
                         self._verdicts[job_id] = self._verdicts.get(job_id, 0) + 1
@@ -210,3 +204,12 @@ class CompileWorker:
                     )
         outcome.seconds = time.monotonic() - start
         return outcome
+
+    def _record(self, job_id: int, trial_id: int, verdict: CompileOutcome) -> bool:
+        """Keep ``verdict`` as the compile trial's outcome (False: the reservation is no longer ours).
+        A verdict costs a compile: an outage of up to :data:`RECORD_PATIENCE_S` is waited out."""
+        return self.db.transact(
+            lambda session: compiles.record_compile(session, trial_id, self.name, verdict),
+            what=f"job {job_id}: recording a compile",
+            within_s=RECORD_PATIENCE_S,
+        )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import optuna
+from sqlalchemy.orm import Session
 
 from autotune.measure import Measurement
 from autotune.search import TrialResult
@@ -169,19 +170,19 @@ class JobCoordinator:
         self.reserved: dict[str, int] = {}  # config key -> trial row id, while measuring
         self.completed = 0
 
-    def _ride_out(self, call: Callable[[], T], what: str) -> T:
-        return ride_out(call, what=f"job {self.job_id}: {what}", within_s=self.patience_s)
+    def _write(self, work: Callable[[Session], T], what: str) -> T:
+        return self.db.transact(work, what=f"job {self.job_id}: {what}", within_s=self.patience_s)
 
     def measured(self) -> dict[str, Measurement]:
-        def read() -> dict[str, Measurement]:
-            with self.db.read_sessions() as session:
-                final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
-                return {
-                    TileConfig.from_dict(r.params).key: measurement_of(r)
-                    for r in queue.job_trials(session, self.job_id, final)
-                }
+        final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
 
-        return self._ride_out(read, "reading the measured trials")
+        def read(session: Session) -> dict[str, Measurement]:
+            return {
+                TileConfig.from_dict(r.params).key: measurement_of(r)
+                for r in queue.job_trials(session, self.job_id, final)
+            }
+
+        return self.db.read(read, what=f"job {self.job_id}: reading the measured trials", within_s=self.patience_s)
 
     def stopping(self) -> bool:
         return self._stopping() or self.lost.is_set()
@@ -190,19 +191,18 @@ class JobCoordinator:
         if self.stopping():
             return "stop", None
 
-        def reserve() -> queue.Reservation:
-            with self.db.transaction() as session:
-                return queue.reserve_trial(
-                    session,
-                    self.job_id,
-                    self.worker,
-                    config.to_dict(),
-                    number=number,
-                    host=self.host,
-                    versions=self.versions,
-                )
+        def reserve(session: Session) -> queue.Reservation:
+            return queue.reserve_trial(
+                session,
+                self.job_id,
+                self.worker,
+                config.to_dict(),
+                number=number,
+                host=self.host,
+                versions=self.versions,
+            )
 
-        r = self._ride_out(reserve, "reserving a trial")
+        r = self._write(reserve, "reserving a trial")
         own = r.trial is not None and r.trial.worker == self.worker and config.key not in self.reserved
         if r.verdict == "busy" and own:  # our own reservation, committed by a try whose answer an outage took
             r = queue.Reservation("reserved", r.trial_id)
@@ -221,36 +221,32 @@ class JobCoordinator:
     def complete(self, trial: TrialResult) -> bool:
         trial_id = self.reserved.pop(trial.config.key)
 
-        def complete() -> bool:
-            with self.db.transaction() as session:
-                return queue.complete_trial(
-                    session, trial_id, self.worker, trial.measurement.status, **trial.measurement.trial_fields()
-                )
+        def complete(session: Session) -> bool:
+            m = trial.measurement
+            return queue.complete_trial(session, trial_id, self.worker, m.status, **m.trial_fields())
 
-        if not self._ride_out(complete, "recording a trial"):
+        if not self._write(complete, "recording a trial"):
             self.lost.set()
             return False
         self.completed += 1
         return True
 
     def invalid(self, config: TileConfig, reason: str) -> None:
-        def record() -> None:
-            with self.db.transaction() as session:
-                queue.record_invalid(
-                    session, self.job_id, self.workload_id, config.to_dict(), reason, host=self.host, worker=self.worker
-                )
+        def record(session: Session) -> None:
+            queue.record_invalid(
+                session, self.job_id, self.workload_id, config.to_dict(), reason, host=self.host, worker=self.worker
+            )
 
-        self._ride_out(record, "recording an invalid config")
+        self._write(record, "recording an invalid config")
 
     def abandon(self) -> None:
         """Drop the reservations of trials this worker will not finish."""
         if not self.reserved:
             return
 
-        def drop() -> None:
-            with self.db.transaction() as session:
-                for trial_id in self.reserved.values():
-                    queue.abandon_trial(session, trial_id, self.worker)
+        def drop(session: Session) -> None:
+            for trial_id in self.reserved.values():
+                queue.abandon_trial(session, trial_id, self.worker)
 
-        self._ride_out(drop, "dropping its reservations")
+        self._write(drop, "dropping its reservations")
         self.reserved.clear()

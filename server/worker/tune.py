@@ -21,7 +21,6 @@ from kernel.workload import Workload
 from server.store import models, records, workloads
 from server.store.db import Database
 from server.store.migrate import upgrade
-from server.store.outage import ride_out
 
 #: How long a local tune's writes wait out a database outage: each stands for a measured trial or
 #: the whole search's winner, too costly to throw away for a restart.
@@ -88,26 +87,24 @@ def tune_workload(
     trial_rows: dict[int, int] = {}
     try:
 
-        def inputs() -> tuple[int, list[TileConfig], Ridge | None]:
-            with db.transaction() as session:
-                workload_id = workloads.workload_row(session, workload).id
-                seeds = warm_start_configs(session, workload_id, workload)
-                return workload_id, seeds, family_prior(session, workload) if search.warm_start else None
+        def inputs(session: Session) -> tuple[int, list[TileConfig], Ridge | None]:
+            workload_id = workloads.workload_row(session, workload).id
+            seeds = warm_start_configs(session, workload_id, workload)
+            return workload_id, seeds, family_prior(session, workload) if search.warm_start else None
 
-        workload_id, seeds, prior = ride_out(inputs, what=f"reading {workload.key}", within_s=TUNE_PATIENCE_S)
+        workload_id, seeds, prior = db.transact(inputs, what=f"reading {workload.key}", within_s=TUNE_PATIENCE_S)
         search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds), prior=prior)
 
         def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
-            def store() -> int:
-                with db.transaction() as session:
-                    row = session.get(models.Workload, workload_id)
-                    assert row is not None
-                    trial = records.record_trial(
-                        session, row, config.to_dict(), status, job_id=job_id, versions=versions, host=host, **fields
-                    )
-                    return trial.id
+            def store(session: Session) -> int:
+                row = session.get(models.Workload, workload_id)
+                assert row is not None
+                trial = records.record_trial(
+                    session, row, config.to_dict(), status, job_id=job_id, versions=versions, host=host, **fields
+                )
+                return trial.id
 
-            return ride_out(store, what=f"storing a trial of {workload.key}", within_s=TUNE_PATIENCE_S)
+            return db.transact(store, what=f"storing a trial of {workload.key}", within_s=TUNE_PATIENCE_S)
 
         def record(trial: TrialResult, result: SearchResult) -> None:
             fields = trial.measurement.trial_fields()
@@ -126,14 +123,13 @@ def tune_workload(
         if result.best is not None:
             best = result.best
 
-            def publish() -> int | None:
-                with db.transaction() as session:
-                    row = session.get(models.Workload, workload_id)
-                    assert row is not None
-                    best_row = session.get(models.Trial, trial_rows[best.number])
-                    return publish_winner(session, row, result, versions, best_row)
+            def publish(session: Session) -> int | None:
+                row = session.get(models.Workload, workload_id)
+                assert row is not None
+                best_row = session.get(models.Trial, trial_rows[best.number])
+                return publish_winner(session, row, result, versions, best_row)
 
-            tuned_id = ride_out(publish, what=f"publishing the winner of {workload.key}", within_s=TUNE_PATIENCE_S)
+            tuned_id = db.transact(publish, what=f"publishing the winner of {workload.key}", within_s=TUNE_PATIENCE_S)
         return TuneOutcome(workload.key, result, tuned_id, versions)
     finally:
         db.dispose()

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from sqlalchemy.orm import Session
 
 from autotune.measure import MeasureOptions
 from autotune.replay import RecordedTable, ReplayMeasurer
@@ -263,8 +264,10 @@ class Worker:
         kept, and the next claim resumes it (:meth:`_give_back`).
         """
         try:
-            workload, seeds, prior = ride_out(
-                lambda: self._job_inputs(workload_id), what=f"job {job_id}: reading it", within_s=self.patience_s
+            workload, seeds, prior = self.db.read(
+                lambda session: self._job_inputs(session, workload_id),
+                what=f"job {job_id}: reading it",
+                within_s=self.patience_s,
             )
         except Exception as exc:
             if not is_outage(exc):
@@ -329,33 +332,30 @@ class Worker:
         which the heartbeat cannot extend while the database is away."""
         return self.options.lease_s / 2
 
-    def _job_inputs(self, workload_id: int) -> tuple[Workload, list[TileConfig], Ridge | None]:
+    def _job_inputs(self, session: Session, workload_id: int) -> tuple[Workload, list[TileConfig], Ridge | None]:
         """The job's workload, its warm-start configs and its family's model (None without a warm start)."""
-        with self.db.read_sessions() as session:
-            row = session.get(models.Workload, workload_id)
-            assert row is not None
-            workload = workloads.workload_of(row)
-            seeds = warm_start_configs(session, workload_id, workload)
-            prior = family_prior(session, workload) if self.options.search.warm_start else None
+        row = session.get(models.Workload, workload_id)
+        assert row is not None
+        workload = workloads.workload_of(row)
+        seeds = warm_start_configs(session, workload_id, workload)
+        prior = family_prior(session, workload) if self.options.search.warm_start else None
         return workload, seeds, prior
 
     def _release(self, job_id: int, within_s: float | None = None) -> bool:
         """Give the job back to the queue, its attempt uncounted, dropping this worker's reservations
         (False: the worker no longer held it); an outage is waited out for ``within_s`` (the patience)."""
-
-        def release() -> bool:
-            with self.db.transaction() as session:
-                return queue.release_job(session, job_id, self.name)
-
-        patience = self.patience_s if within_s is None else within_s
-        return ride_out(release, what=f"job {job_id}: giving it back", within_s=patience)
+        return self.db.transact(
+            lambda session: queue.release_job(session, job_id, self.name),
+            what=f"job {job_id}: giving it back",
+            within_s=self.patience_s if within_s is None else within_s,
+        )
 
     def _end_failed(self, job_id: int, error: str) -> None:
-        def fail() -> None:
-            with self.db.transaction() as session:
-                queue.finish_job(session, job_id, self.name, "failed", error[:4000])
-
-        ride_out(fail, what=f"job {job_id}: recording its failure", within_s=self.patience_s)
+        self.db.transact(
+            lambda session: queue.finish_job(session, job_id, self.name, "failed", error[:4000]),
+            what=f"job {job_id}: recording its failure",
+            within_s=self.patience_s,
+        )
 
     def _give_back(
         self, job_id: int, workload_key: str, coordinator: JobCoordinator | None, error: BaseException
@@ -428,11 +428,12 @@ class Worker:
                 },
             )
 
-        def holders() -> list[str]:
-            with self.db.read_sessions() as session:
-                return list(queue.job_progress(session, [job_id])[job_id].workers)
-
-        if ride_out(holders, what=f"job {job_id}: reading its workers", within_s=self.patience_s) == [self.name]:
+        holders = self.db.read(
+            lambda session: list(queue.job_progress(session, [job_id])[job_id].workers),
+            what=f"job {job_id}: reading its workers",
+            within_s=self.patience_s,
+        )
+        if holders == [self.name]:
             fail_orphaned_trials(self.storage(), study)
         return run_search(
             space,
@@ -452,11 +453,11 @@ class Worker:
         versions = self.versions()
 
         def gate(config: TileConfig) -> str | None:
-            def refusal() -> str | None:
-                with self.db.read_sessions() as session:
-                    return compiles.refusal(session, workload_id, config.to_dict(), versions)
-
-            return ride_out(refusal, what="reading compile verdicts", within_s=self.patience_s)
+            return self.db.read(
+                lambda session: compiles.refusal(session, workload_id, config.to_dict(), versions),
+                what="reading compile verdicts",
+                within_s=self.patience_s,
+            )
 
         return gate
 
@@ -472,14 +473,16 @@ class Worker:
         """The budget is spent: the first worker here re-times the finalists and publishes; the others leave."""
         mine = len(result.trials)
 
-        def finalize_or_leave() -> bool:
-            with self.db.transaction() as session:
-                finalizer = queue.begin_finalize(session, job_id, self.name)
-                if not finalizer:
-                    queue.leave_job(session, job_id, self.name)
-                return finalizer
+        def finalize_or_leave(session: Session) -> bool:
+            finalizer = queue.begin_finalize(session, job_id, self.name)
+            if not finalizer:
+                queue.leave_job(session, job_id, self.name)
+            return finalizer
 
-        if not ride_out(finalize_or_leave, what=f"job {job_id}: finishing its search", within_s=self.patience_s):
+        finalizer = self.db.transact(
+            finalize_or_leave, what=f"job {job_id}: finishing its search", within_s=self.patience_s
+        )
+        if not finalizer:
             return JobOutcome(job_id, workload.key, "left", mine)
         self._wait_for_co_workers(job_id, lost)
         if lost.is_set():
@@ -488,13 +491,12 @@ class Worker:
         # worker that died, and would stay so on the finished job.
         fail_orphaned_trials(self.storage(), study)
 
-        def measured_ok() -> SearchResult:
-            with self.db.read_sessions() as session:
-                return SearchResult(
-                    trials=[trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))], best=None
-                )
-
-        everyone = ride_out(measured_ok, what=f"job {job_id}: reading its trials", within_s=self.patience_s)
+        ok_trials = self.db.read(
+            lambda session: [trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))],
+            what=f"job {job_id}: reading its trials",
+            within_s=self.patience_s,
+        )
+        everyone = SearchResult(trials=ok_trials, best=None)
         pick_winner(everyone, measurer, self.options.search, SearchSpace(workload, workload.backend))
         if self.options.backend == "replay":
             everyone.others_cores = None  # a replay answers from its table: the machine's load did not touch it
@@ -531,13 +533,12 @@ class Worker:
         """
         deadline = time.monotonic() + 2 * self.options.trial_timeout_s + self.options.lease_s
 
-        def busy() -> int:
-            with self.db.transaction() as session:
-                queue.reap_lost_trials(session, job_id)
-                return queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
+        def busy(session: Session) -> int:
+            queue.reap_lost_trials(session, job_id)
+            return queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
 
         while not lost.is_set() and time.monotonic() < deadline:
-            if ride_out(busy, what=f"job {job_id}: waiting for its co-workers", within_s=self.patience_s) == 0:
+            if self.db.transact(busy, what=f"job {job_id}: waiting for its co-workers", within_s=self.patience_s) == 0:
                 return
             lost.wait(min(1.0, self.options.poll_s))
 

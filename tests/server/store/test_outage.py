@@ -10,12 +10,16 @@ import logging
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import optuna
 import psycopg
 import pytest
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
+from server.store.db import Database
 from server.store.outage import OutageWait, is_outage, ride_out
 
 
@@ -134,6 +138,48 @@ def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
     with pytest.raises(sa_exc.DBAPIError):
         ride_out(down, what="stopping", within_s=60, stop=stop)
     assert len(calls) == 1  # a worker asked to stop does not wait the outage out
+
+
+def test_a_database_retries_a_whole_unit_of_work_through_an_outage(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'units.db'}")
+    with db.transaction() as session:
+        session.execute(text("CREATE TABLE unit (x INTEGER)"))
+    tries: list[int] = []
+
+    def insert(session: Session) -> int:
+        session.execute(text("INSERT INTO unit VALUES (1)"))
+        tries.append(1)
+        if len(tries) == 1:  # the connection breaks after the first statement of the first try
+            raise wrapped(psycopg.errors.AdminShutdown("terminating connection"))
+        return len(tries)
+
+    def count(session: Session) -> int:
+        return int(session.execute(text("SELECT count(*) FROM unit")).scalar_one())
+
+    assert db.transact(insert, what="inserting", within_s=30) == 2
+    assert db.read(count, what="counting", within_s=30) == 1  # the first try was rolled back whole
+
+    tries.clear()
+
+    def wrong(session: Session) -> None:
+        session.execute(text("INSERT INTO unit VALUES (2)"))
+        tries.append(1)
+        raise wrapped(psycopg.errors.UniqueViolation("duplicate key"))
+
+    with pytest.raises(sa_exc.DBAPIError):
+        db.transact(wrong, what="wrong", within_s=30)
+    assert len(tries) == 1 and db.read(count, what="counting", within_s=30) == 1
+
+    reads: list[int] = []
+
+    def flaky_count(session: Session) -> int:
+        reads.append(1)
+        if len(reads) < 3:
+            raise wrapped(psycopg.errors.CannotConnectNow("starting up"), statement=None)
+        return count(session)
+
+    assert db.read(flaky_count, what="counting", within_s=30) == 1 and len(reads) == 3
+    db.dispose()
 
 
 def test_outage_wait_backs_off_logs_sparingly_and_resets(caplog: pytest.LogCaptureFixture) -> None:
