@@ -23,8 +23,9 @@ raised while an outage was handled: the session was used again on the broken con
 A retry after an outage is safe for tiletune's own units of work: a failed
 transaction is rolled back whole, and the few whose commit may have landed
 before the connection broke find their own earlier result when tried again
-(:func:`server.store.queue.complete_trial`, :func:`server.store.compiles.record_compile`;
-a worker's coordinator takes a ``busy`` reservation of its own row as its own).
+(:func:`server.store.queue.complete_trial`, :func:`server.store.compiles.record_compile`,
+:func:`server.worker.worker.publish_job_winner`; a worker's coordinator takes a ``busy``
+reservation of its own row as its own, and its Optuna storage a ``tell`` already told).
 """
 
 from __future__ import annotations

@@ -483,6 +483,21 @@ def finish_job(session: Session, job_id: int, worker: str, status: str, error: s
     return True
 
 
+def finished_by(session: Session, job_id: int, worker: str) -> bool:
+    """Whether ``worker`` itself ended the job ``done`` (its lease ended so): what a retried finish
+    finds when its first try committed but an outage took the answer."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None or job.status != "done":
+        return False
+    reason = session.scalar(
+        select(JobLease.end_reason)
+        .where(JobLease.job_id == job_id, JobLease.worker == worker)
+        .order_by(JobLease.id.desc())
+        .limit(1)
+    )
+    return reason == "done"
+
+
 def begin_finalize(session: Session, job_id: int, worker: str) -> bool:
     """Become the one worker that re-times the job's finalists and publishes the winner."""
     won = _rowcount(

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import optuna
+from optuna.trial import TrialState
 from sqlalchemy.orm import Session
 
 from autotune.measure import Measurement
@@ -23,7 +24,7 @@ from kernel.config import TileConfig
 from server.store import models, queue
 from server.store.db import Database, configure_sqlite, normalize_url
 from server.store.migrate import schema_lock
-from server.store.outage import ride_out
+from server.store.outage import is_outage, ride_out
 
 T = TypeVar("T")
 
@@ -68,6 +69,31 @@ class OutageTolerantStorage(optuna.storages.RDBStorage):
 
     patience_s: float = 30.0
 
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        """Optuna's, riding out an outage; a retry that finds the trial already finished with this very
+        state and these values is the first try's commit, whose answer the outage took, and succeeds
+        (a ``tell`` must not fail the job's attempt with ``UpdateFinishedTrialError`` for it)."""
+        method = optuna.storages.RDBStorage.set_trial_state_values
+        met_outage = False
+
+        def attempt() -> bool:
+            nonlocal met_outage
+            try:
+                return method(self, trial_id, state, values)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if met_outage and self._finished_so(trial_id, state, values):
+                    return True
+                raise
+            except Exception as exc:
+                met_outage = met_outage or is_outage(exc)
+                raise
+
+        return ride_out(attempt, what="the job's study: set_trial_state_values", within_s=self.patience_s)
+
+    def _finished_so(self, trial_id: int, state: TrialState, values: Sequence[float] | None) -> bool:
+        trial = optuna.storages.RDBStorage.get_trial(self, trial_id)
+        return trial.state == state and (values is None or list(trial.values or ()) == list(values))
+
 
 def _tolerant(name: str) -> Callable[..., Any]:
     method = getattr(optuna.storages.RDBStorage, name)
@@ -83,7 +109,7 @@ def _tolerant(name: str) -> Callable[..., Any]:
 for _name in STORAGE_CALLS:
     # A name a later Optuna dropped is skipped, not an import error of every worker; the test
     # test_the_tolerant_storage_wraps_every_call_the_study_makes says when the list needs a look.
-    if hasattr(optuna.storages.RDBStorage, _name):
+    if hasattr(optuna.storages.RDBStorage, _name) and _name not in OutageTolerantStorage.__dict__:
         setattr(OutageTolerantStorage, _name, _tolerant(_name))
 
 

@@ -60,7 +60,7 @@ from autotune.surrogate import Ridge
 from autotune.versions import software_versions
 from kernel.config import TileConfig
 from kernel.workload import BACKENDS, KERNEL_VERSIONS, Workload
-from server.store import compiles, models, queue, workloads
+from server.store import compiles, models, queue, records, workloads
 from server.store.db import Database
 from server.store.outage import OutageWait, describe, is_outage, ride_out
 from server.worker.coordinator import (
@@ -92,16 +92,22 @@ def publish_job_winner(
     running and held by ``worker`` (:func:`~server.store.queue.finish_job`); the publish
     follows only then. So however often this runs for one job -- a second finalizer after a
     take-over, a retry after a crash, a worker whose lease was ended -- the job gets one tuned
-    config, and a worker killed before the commit leaves neither.
+    config, and a worker killed before the commit leaves neither. A retry after an outage
+    whose first try committed finds the job finished by ``worker`` and this very winner
+    current, and answers its id as the first try would have.
     """
     try:
         with db.transaction() as session:
-            if not queue.finish_job(session, job_id, worker, "done"):
-                raise LostJob(f"job {job_id} is no longer held by {worker}")
+            finished = queue.finish_job(session, job_id, worker, "done")  # first: it takes the job row's lock
             row = workloads.find_workload(session, workload_key)
             assert row is not None and result.best is not None
-            best_row = session.get(models.Trial, result.best.number)  # trial_result keeps the row id there
-            return publish_winner(session, row, result, versions, best_row)
+            best_row_id = result.best.number  # trial_result keeps the row id there
+            if not finished:
+                current = records.current_config(session, row.id)
+                if queue.finished_by(session, job_id, worker) and current and current.trial_id == best_row_id:
+                    return current.id
+                raise LostJob(f"job {job_id} is no longer held by {worker}")
+            return publish_winner(session, row, result, versions, session.get(models.Trial, best_row_id))
     except LostJob:
         return None
 

@@ -7,11 +7,14 @@ import dataclasses
 import datetime as dt
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import optuna
+import psycopg
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from autotune.replay import RecordedTable, ReplayMeasurer
 from autotune.search import SearchOptions, SearchResult, pick_winner
@@ -281,7 +284,9 @@ def test_a_co_worker_that_dies_mid_trial_is_settled_when_its_lease_expires(db: D
 def test_one_tuned_config_per_job_however_many_finish_it(db: Database, database_url: str) -> None:
     """Every worker holding a job tries to finish it and publish at once, then once more: one of
     them publishes, once; the others and the repeats write nothing (a second finalizer, a retry
-    after a crash, or a worker whose job is done never adds a second tuned config)."""
+    after a crash, or a worker whose job is done never adds a second tuned config). The winner's
+    repeat -- a retry whose first try committed before an outage took its answer -- answers the
+    id it published; with another winner it answers None."""
     holders = 4
     (job_id,) = queue_replay_jobs(db, 1, budget=8, parallelism=holders)
     table = RecordedTable.load(TABLE)
@@ -314,10 +319,54 @@ def test_one_tuned_config_per_job_however_many_finish_it(db: Database, database_
     for t in threads:
         t.join(60)
     assert len(published) == holders and sum(p is not None for p in published) == 1, published
-    assert [publish_job_winner(db, job_id, name, key, result, versions) for name in names] == [None] * holders
     (tuned,) = jobs_tuned_configs(db, job_id)
     assert tuned.id in published and tuned.is_current
+    with db.read_sessions() as session:
+        ends = {lease.worker: lease.end_reason for lease in queue.job_leases(session, job_id)}
+    (winner,) = [name for name, end in ends.items() if end == "done"]
+    again = {name: publish_job_winner(db, job_id, name, key, result, versions) for name in names}
+    assert again == {name: tuned.id if name == winner else None for name in names}
+    assert result.best is not None
+    other = next(t for t in result.trials if t.number != result.best.number)
+    elsewhere = dataclasses.replace(result, best=other)
+    assert publish_job_winner(db, job_id, winner, key, elsewhere, versions) is None
+    assert [t.id for t in jobs_tuned_configs(db, job_id)] == [tuned.id]
     assert statuses(db, [job_id]) == {job_id: "done"}
+
+
+def test_a_tell_retried_after_its_commit_landed_succeeds_and_another_value_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks after Optuna's ``set_trial_state_values`` committed: the retry finds the
+    trial finished with what it was setting and succeeds. A retry that finds other values there (a
+    different writer's), or a second tell that met no outage, raises as Optuna does."""
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'study.db'}", patience_s=10)
+    study = optuna.create_study(storage=storage, study_name="ambiguous")
+    original = optuna.storages.RDBStorage.set_trial_state_values
+    committed: list[list[float]] = []  # the values the next call commits before its connection breaks
+
+    def commit_then_break(self: Any, trial_id: int, state: Any, values: Any = None) -> bool:
+        if not committed:
+            return original(self, trial_id, state, values)
+        original(self, trial_id, state, committed.pop())
+        raise OperationalError("COMMIT", {}, psycopg.errors.AdminShutdown("terminating connection"))
+
+    monkeypatch.setattr(optuna.storages.RDBStorage, "set_trial_state_values", commit_then_break)
+    done = optuna.trial.TrialState.COMPLETE
+    first, second = study.ask(), study.ask()
+
+    committed.append([1.25])
+    assert storage.set_trial_state_values(first._trial_id, done, [1.25]) is True
+    assert not committed and storage.get_trial(first._trial_id).values == [1.25]
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_state_values(first._trial_id, done, [1.25])  # no outage met: a second tell
+
+    committed.append([9.0])
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_state_values(second._trial_id, done, [3.0])
+    assert not committed and storage.get_trial(second._trial_id).values == [9.0]
+    storage.remove_session()
+    storage.engine.dispose()
 
 
 def test_the_tolerant_storage_wraps_every_call_the_study_makes() -> None:
