@@ -36,6 +36,8 @@ from server.cli.progress import LoggedProgress
 from server.cli.signals import SignalRelay
 
 STOP_GRACE_S = 60.0  # a worker finishing its trial in flight, a server draining
+FOLLOW_POLL_S = 0.5  # how often the job's progress is read
+TUNED_READ_PATIENCE_S = 60.0  # the tuned config, read once the job is done, waits out an outage this long
 
 
 @dataclasses.dataclass
@@ -179,16 +181,19 @@ def run_up(options: UpOptions, console: Console) -> int:
         else:
             status = _follow(db, job_id, options.trials, children, stop, console)
             if status == "done":
-                with db.read_sessions() as session:
-                    current = records.current_config(session, row.id)
-                    assert current is not None
-                    speed = speedups(
-                        current.median_ms, current.dense_ms, current.tiled_dense_ms, p10_p90=current.speedup_p10_p90
-                    )
-                    console.print(
-                        f"[bold]tuned[/bold] {options.preset} in {time.monotonic() - start:.0f} s from start: "
-                        f"{TileConfig.from_dict(current.config).describe()} {current.median_ms:.3f} ms{speed}"
-                    )
+                current = db.read(
+                    lambda session: records.current_config(session, row.id),
+                    what="reading the tuned config",
+                    within_s=TUNED_READ_PATIENCE_S,
+                )
+                assert current is not None
+                speed = speedups(
+                    current.median_ms, current.dense_ms, current.tiled_dense_ms, p10_p90=current.speedup_p10_p90
+                )
+                console.print(
+                    f"[bold]tuned[/bold] {options.preset} in {time.monotonic() - start:.0f} s from start: "
+                    f"{TileConfig.from_dict(current.config).describe()} {current.median_ms:.3f} ms{speed}"
+                )
                 console.print("look it up with:")
                 console.print(example, soft_wrap=True, highlight=False)
             elif status is not None:
@@ -223,8 +228,17 @@ def _dead(children: list[Child], console: Console) -> bool:
 def _follow(
     db: Any, job_id: int, budget: int, children: list[Child], stop: threading.Event, console: Console
 ) -> str | None:
-    """Show the job's progress until it ends (its final status) or we are stopped (None)."""
+    """Show the job's progress until it ends (its final status) or we are stopped (None).
+
+    A database outage (PostgreSQL restarting) is waited out, as the worker does: the
+    progress shows it, and the reads start again, backing off, until it passes."""
     from server.store import models, queue
+    from server.store.outage import OutageWait, is_outage
+
+    def read(session: Any) -> tuple[str, queue.JobProgress]:
+        job = session.get(models.Job, job_id)
+        assert job is not None
+        return job.status, queue.job_progress(session, [job_id])[job_id]
 
     progress = LoggedProgress(
         TextColumn("tuning"),
@@ -237,15 +251,23 @@ def _follow(
         phase_fields=("state",),
     )
     task = progress.add_task("job", total=budget, best="best -", state="queued")
+    outage = OutageWait("tiletune up", FOLLOW_POLL_S, max_s=5.0)  # a child that dies is noticed within 5 s
+    wait = FOLLOW_POLL_S
     with progress:
-        while not stop.wait(0.5):
+        while not stop.wait(wait):
             if _dead(children, console):
                 return "failed (a child process died)"
-            with db.read_sessions() as session:
-                job = session.get(models.Job, job_id)
-                assert job is not None
-                p = queue.job_progress(session, [job_id])[job_id]
-                status = job.status
+            try:
+                with db.read_sessions() as session:
+                    status, p = read(session)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                wait = outage.failed(exc)
+                progress.update(task, state="database unavailable, retrying")
+                continue
+            outage.succeeded()
+            wait = FOLLOW_POLL_S
             best = f"best {p.best_ms:.3f} ms" if p.best_ms is not None else "best -"
             progress.update(task, completed=min(p.trials_done, budget), best=best, state=status)
             if status in ("done", "failed", "cancelled"):
