@@ -184,7 +184,7 @@ def run_up(options: UpOptions, console: Console) -> int:
                 current = db.read(
                     lambda session: records.current_config(session, row.id),
                     what="reading the tuned config",
-                    within_s=TUNED_READ_PATIENCE_S,
+                    patience=TUNED_READ_PATIENCE_S,
                 )
                 assert current is not None
                 speed = speedups(

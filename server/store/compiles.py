@@ -22,7 +22,7 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from kernel.config import params_key
@@ -55,7 +55,8 @@ def reserve_compile(
     stale_after_s: float = 900.0,
 ) -> int | None:
     """Reserve the compile of ``params`` for these versions: the trial id, or None when a verdict
-    exists or another live worker is compiling it."""
+    exists or another live worker is compiling it. A reservation of ``worker``'s own is its
+    id: a retry whose first try committed before an outage took the answer finds it there."""
     key = compile_key(params, versions)
     now = utcnow()
     stmt = (
@@ -86,7 +87,7 @@ def reserve_compile(
             Trial.workload_id == workload_id,
             Trial.compile_key == key,
             Trial.status == "compiling",
-            Trial.created_at < stale,
+            or_(Trial.created_at < stale, Trial.worker == worker),
         )
         .values(worker=worker, host=host, created_at=now)
         .returning(Trial.id)

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, Select, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from server.store.outage import ride_out
+from server.store.outage import Patience, ride_out
 
 T = TypeVar("T")
 
@@ -100,25 +100,26 @@ class Database:
                 session.rollback()
                 raise
 
-    def transact(self, work: Callable[[Session], T], *, what: str, within_s: float) -> T:
+    def transact(self, work: Callable[[Session], T], *, what: str, patience: Patience | float) -> T:
         """``work(session)`` in one :meth:`transaction`, the whole transaction tried again while a
-        database outage lasts, for up to ``within_s`` seconds (``what`` names it in the log)."""
+        database outage lasts, as long as ``patience`` says (:func:`~server.store.outage.ride_out`;
+        ``what`` names the work in the log)."""
 
         def attempt() -> T:
             with self.transaction() as session:
                 return work(session)
 
-        return ride_out(attempt, what=what, within_s=within_s)
+        return ride_out(attempt, what=what, patience=patience)
 
-    def read(self, work: Callable[[Session], T], *, what: str, within_s: float) -> T:
-        """``work(session)`` on a read session, tried again while a database outage lasts, for up
-        to ``within_s`` seconds (``what`` names it in the log)."""
+    def read(self, work: Callable[[Session], T], *, what: str, patience: Patience | float) -> T:
+        """``work(session)`` on a read session, tried again while a database outage lasts, as
+        :meth:`transact` does."""
 
         def attempt() -> T:
             with self.read_sessions() as session:
                 return work(session)
 
-        return ride_out(attempt, what=what, within_s=within_s)
+        return ride_out(attempt, what=what, patience=patience)
 
     def reader(self) -> Connection:
         """A connection for reads only (autocommit on PostgreSQL; use as a context manager)."""

@@ -5,7 +5,8 @@ connections: every connection a process holds breaks, and for a while new ones
 may be refused. None of that is a fault of the statement that hit it, and a
 worker must not die of it (a fleet of TPU workers would all die of one database
 restart). :func:`is_outage` tells such an error from a real one;
-:func:`ride_out` retries one unit of database work through a short outage;
+:func:`ride_out` retries one unit of database work through an outage, as long as
+its :class:`Patience` says;
 :class:`OutageWait` paces a loop that waits for the database to come back.
 
 What counts as an outage (the error or one it was raised from, so Optuna's
@@ -30,6 +31,7 @@ reservation of its own row as its own, and its Optuna storage a ``tell`` already
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import threading
@@ -46,6 +48,9 @@ T = TypeVar("T")
 
 #: PostgreSQL SQLSTATEs (prefixes) of errors that pass: the connection, the server's state, a rolled-back transaction.
 TRANSIENT_SQLSTATES = ("08", "57P", "53300", "40001", "40P01")
+
+#: :func:`ride_out` logs an outage's first retry and every this many after it (a minute at 5 s a wait).
+LOG_EVERY = 12
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -79,17 +84,37 @@ def _dbapi_outage(error: sa_exc.DBAPIError) -> bool:
     return str(sqlstate).startswith(TRANSIENT_SQLSTATES)
 
 
-def ride_out(call: Callable[[], T], *, what: str, within_s: float, stop: threading.Event | None = None) -> T:
-    """``call()``, tried again while it fails with an outage, for up to ``within_s`` seconds.
+@dataclasses.dataclass(frozen=True)
+class Patience:
+    """How long a unit of database work waits out an outage (:func:`ride_out`).
+
+    ``seconds`` alone: that long. With ``until``: without end while that event is unset
+    (a worker waits for its database as long as it runs, so a failover that outlasts
+    its lease costs it nothing), then for what is left of ``seconds`` since the first
+    try (a process asked to stop in a long outage gives up at once; one asked to stop
+    before a short outage still rides it out).
+    """
+
+    seconds: float
+    until: threading.Event | None = None
+
+
+def ride_out(call: Callable[[], T], *, what: str, patience: Patience | float) -> T:
+    """``call()``, tried again while it fails with an outage, as long as ``patience`` says
+    (a number: that many seconds).
 
     Waits grow from a quarter of a second to 5 s, plus up to a quarter of a second at
     random (so the workers of a fleet do not all come back at once). An error that is
-    not an outage, or an outage that outlasts ``within_s`` (or ``stop`` being set), is
-    raised as it came.
+    not an outage, or an outage that outlasts the patience, is raised as it came. The
+    outage is logged as it begins, then every :data:`LOG_EVERY` tries, and when it ends.
     """
-    stops: tenacity.stop.stop_base = tenacity.stop_after_delay(within_s)
+    if not isinstance(patience, Patience):
+        patience = Patience(patience)
+    stop = patience.until
+    stops: tenacity.stop.stop_base = tenacity.stop_after_delay(patience.seconds)
     if stop is not None:
-        stops = stops | tenacity.stop_when_event_set(stop)
+        stops = stops & tenacity.stop_when_event_set(stop)
+    began: list[float] = []
 
     def sleep(seconds: float) -> None:
         if stop is None:
@@ -98,9 +123,18 @@ def ride_out(call: Callable[[], T], *, what: str, within_s: float, stop: threadi
             stop.wait(seconds)
 
     def warn(state: tenacity.RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("%s: database unavailable (%s), trying again in %.1f s", what, describe(error), wait)
+        if not began:
+            began.append(state.start_time)  # the first try's start (time.monotonic)
+        if state.attempt_number == 1 or state.attempt_number % LOG_EVERY == 0:
+            error = state.outcome.exception() if state.outcome is not None else None
+            wait = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning(
+                "%s: database unavailable for %.0f s (%s), trying again in %.1f s",
+                what,
+                time.monotonic() - began[0],
+                describe(error),
+                wait,
+            )
 
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception(is_outage),
@@ -110,7 +144,10 @@ def ride_out(call: Callable[[], T], *, what: str, within_s: float, stop: threadi
         sleep=sleep,
         reraise=True,
     )
-    return retrying(call)
+    result = retrying(call)
+    if began:
+        log.warning("%s: database reachable again after %.1f s", what, time.monotonic() - began[0])
+    return result
 
 
 class OutageWait:

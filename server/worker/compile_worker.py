@@ -19,6 +19,7 @@ next job when a job ends or its configs all have verdicts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import socket
 import threading
@@ -26,6 +27,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from autotune.compile_pool import CompilePool, compile_order
 from autotune.space import SearchSpace
@@ -37,13 +40,14 @@ from kernel.tpu_targets import TARGETS, require_libtpu
 from kernel.workload import Workload
 from server.store import compiles, workloads
 from server.store.db import Database
-from server.store.outage import OutageWait, is_outage
+from server.store.outage import OutageWait, Patience, is_outage
 from server.worker.tune import warm_start_configs
 from server.worker.worker import worker_name
 
 log = logging.getLogger("tiletune.worker")
 
-#: How long a compile verdict waits out a database outage before it is dropped (its reservation goes stale).
+#: A compile's reservation and verdict wait out a database outage as long as the compile worker runs,
+#: then (asked to stop) this long since the first try; a verdict dropped lets its reservation go stale.
 RECORD_PATIENCE_S = 60.0
 
 
@@ -161,19 +165,14 @@ class CompileWorker:
                     if config is None:
                         exhausted = True
                         break
-                    with self.db.transaction() as session:
-                        if not compiles.job_active(session, job_id):
-                            exhausted = True
-                            break
-                        trial_id = compiles.reserve_compile(
-                            session,
-                            workload_id,
-                            config.to_dict(),
-                            self.versions,
-                            worker=self.name,
-                            host=self.host,
-                            stale_after_s=self.options.stale_after_s,
-                        )
+                    active, trial_id = self.db.transact(
+                        functools.partial(self._reserve, job_id=job_id, workload_id=workload_id, config=config),
+                        what=f"job {job_id}: reserving a compile",
+                        patience=self.patience,
+                    )
+                    if not active:
+                        exhausted = True
+                        break
                     if trial_id is not None:
                         inflight[pool.submit(config)] = (trial_id, config)
                 if not inflight:
@@ -205,11 +204,33 @@ class CompileWorker:
         outcome.seconds = time.monotonic() - start
         return outcome
 
+    @property
+    def patience(self) -> Patience:
+        """A reservation or verdict waits out an outage as long as this worker runs (compiles in flight
+        would be lost with the pool), then :data:`RECORD_PATIENCE_S`."""
+        return Patience(RECORD_PATIENCE_S, until=self._stop)
+
+    def _reserve(self, session: Session, job_id: int, workload_id: int, config: TileConfig) -> tuple[bool, int | None]:
+        """Whether the job is still active, and the compile trial reserved for ``config`` (None: another
+        worker's reservation or a verdict is there)."""
+        if not compiles.job_active(session, job_id):
+            return False, None
+        trial_id = compiles.reserve_compile(
+            session,
+            workload_id,
+            config.to_dict(),
+            self.versions,
+            worker=self.name,
+            host=self.host,
+            stale_after_s=self.options.stale_after_s,
+        )
+        return True, trial_id
+
     def _record(self, job_id: int, trial_id: int, verdict: CompileOutcome) -> bool:
         """Keep ``verdict`` as the compile trial's outcome (False: the reservation is no longer ours).
-        A verdict costs a compile: an outage of up to :data:`RECORD_PATIENCE_S` is waited out."""
+        A verdict costs a compile: an outage is waited out (:attr:`patience`)."""
         return self.db.transact(
             lambda session: compiles.record_compile(session, trial_id, self.name, verdict),
             what=f"job {job_id}: recording a compile",
-            within_s=RECORD_PATIENCE_S,
+            patience=self.patience,
         )

@@ -24,7 +24,7 @@ from kernel.config import TileConfig
 from server.store import models, queue
 from server.store.db import Database, configure_sqlite, normalize_url
 from server.store.migrate import schema_lock
-from server.store.outage import is_outage, ride_out
+from server.store.outage import Patience, is_outage, ride_out
 
 T = TypeVar("T")
 
@@ -61,13 +61,13 @@ STORAGE_CALLS = (
 
 
 class OutageTolerantStorage(optuna.storages.RDBStorage):
-    """Optuna's RDB storage whose statement-running calls each ride out a database outage of up
-    to ``patience_s`` (:func:`~server.store.outage.ride_out`), as the worker's own units of work
-    do: without it a PostgreSQL restart that met one of the sampler's reads or a ``tell`` would
-    cost the worker its part of the job. Optuna rolls a failed call back whole, so calling it
-    again is safe (but for the rare commit whose answer the outage took)."""
+    """Optuna's RDB storage whose statement-running calls each ride out a database outage as long
+    as its ``patience`` says (:func:`~server.store.outage.ride_out`), as the worker's own units of
+    work do: without it a PostgreSQL restart that met one of the sampler's reads or a ``tell``
+    would cost the worker its part of the job. Optuna rolls a failed call back whole, so calling
+    it again is safe (but for the rare commit whose answer the outage took)."""
 
-    patience_s: float = 30.0
+    patience: Patience = Patience(30.0)
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         """Optuna's, riding out an outage; a retry that finds the trial already finished with this very
@@ -88,7 +88,7 @@ class OutageTolerantStorage(optuna.storages.RDBStorage):
                 met_outage = met_outage or is_outage(exc)
                 raise
 
-        return ride_out(attempt, what="the job's study: set_trial_state_values", within_s=self.patience_s)
+        return ride_out(attempt, what="the job's study: set_trial_state_values", patience=self.patience)
 
     def _finished_so(self, trial_id: int, state: TrialState, values: Sequence[float] | None) -> bool:
         trial = optuna.storages.RDBStorage.get_trial(self, trial_id)
@@ -101,7 +101,7 @@ def _tolerant(name: str) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: OutageTolerantStorage, *args: Any, **kwargs: Any) -> Any:
         what = f"the job's study: {name}"
-        return ride_out(lambda: method(self, *args, **kwargs), what=what, within_s=self.patience_s)
+        return ride_out(lambda: method(self, *args, **kwargs), what=what, patience=self.patience)
 
     return call
 
@@ -113,7 +113,7 @@ for _name in STORAGE_CALLS:
         setattr(OutageTolerantStorage, _name, _tolerant(_name))
 
 
-def optuna_storage(url: str, patience_s: float = 30.0) -> optuna.storages.RDBStorage:
+def optuna_storage(url: str, patience: Patience | float = 30.0) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on tiletune's database (its tables live beside ours).
 
     Optuna creates its tables (and stamps its own ``alembic_version``) when they
@@ -123,14 +123,15 @@ def optuna_storage(url: str, patience_s: float = 30.0) -> optuna.storages.RDBSto
     find the tables there. On SQLite its connections get tiletune's pragmas with
     a long busy timeout (the server and the worker write the same file) and no
     fsync per commit (Optuna commits every suggested param). Its calls ride out a
-    database outage of up to ``patience_s`` (:class:`OutageTolerantStorage`).
+    database outage as long as ``patience`` says (seconds, or a :class:`~server.store.outage.Patience`;
+    :class:`OutageTolerantStorage`).
     """
     url = normalize_url(url)
     sqlite = url.startswith("sqlite")
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
     with schema_lock(url):
         storage = OutageTolerantStorage(url, engine_kwargs=kwargs)
-    storage.patience_s = patience_s
+    storage.patience = patience if isinstance(patience, Patience) else Patience(patience)
     if sqlite:
         configure_sqlite(storage.engine, 60000, foreign_keys=False)
         storage.engine.dispose()  # the connection that created the tables had no pragmas
@@ -165,10 +166,11 @@ class JobCoordinator:
     """The :class:`~autotune.search.Coordinator` of one worker on one job, backed by the
     job's trial rows (reservations) and the worker's lease (``lost`` is set when it ends).
 
-    Each of its units of database work rides out a database outage of up to
-    ``patience_s`` (:func:`~server.store.outage.ride_out`): a PostgreSQL restart
-    between two trials costs the search nothing. Keep it under the lease, which
-    the heartbeat cannot extend while the database is away.
+    Each of its units of database work rides out a database outage as long as
+    ``patience`` says (:func:`~server.store.outage.ride_out`; the worker's: as long
+    as it runs): a PostgreSQL restart between two trials costs the search nothing.
+    A reservation or record after an outage that outlasted the lease still checks
+    that the worker holds the job, so a take-over meanwhile is found (``lost``).
     """
 
     def __init__(
@@ -182,7 +184,7 @@ class JobCoordinator:
         host: str,
         versions: dict[str, str | None],
         stopping: Callable[[], bool],
-        patience_s: float = 30.0,
+        patience: Patience | float = 30.0,
     ) -> None:
         self.db = db
         self.worker = worker
@@ -192,12 +194,12 @@ class JobCoordinator:
         self.host = host
         self.versions = versions
         self._stopping = stopping
-        self.patience_s = patience_s
+        self.patience = patience
         self.reserved: dict[str, int] = {}  # config key -> trial row id, while measuring
         self.completed = 0
 
     def _write(self, work: Callable[[Session], T], what: str) -> T:
-        return self.db.transact(work, what=f"job {self.job_id}: {what}", within_s=self.patience_s)
+        return self.db.transact(work, what=f"job {self.job_id}: {what}", patience=self.patience)
 
     def measured(self) -> dict[str, Measurement]:
         final = [s for s in models.FINAL_TRIAL_STATUSES if s != "invalid"]
@@ -208,7 +210,7 @@ class JobCoordinator:
                 for r in queue.job_trials(session, self.job_id, final)
             }
 
-        return self.db.read(read, what=f"job {self.job_id}: reading the measured trials", within_s=self.patience_s)
+        return self.db.read(read, what=f"job {self.job_id}: reading the measured trials", patience=self.patience)
 
     def stopping(self) -> bool:
         return self._stopping() or self.lost.is_set()

@@ -92,7 +92,7 @@ def tune_workload(
             seeds = warm_start_configs(session, workload_id, workload)
             return workload_id, seeds, family_prior(session, workload) if search.warm_start else None
 
-        workload_id, seeds, prior = db.transact(inputs, what=f"reading {workload.key}", within_s=TUNE_PATIENCE_S)
+        workload_id, seeds, prior = db.transact(inputs, what=f"reading {workload.key}", patience=TUNE_PATIENCE_S)
         search = dataclasses.replace(search, seed_configs=(*search.seed_configs, *seeds), prior=prior)
 
         def store_trial(config: TileConfig, status: str, **fields: Any) -> int:
@@ -104,7 +104,7 @@ def tune_workload(
                 )
                 return trial.id
 
-            return db.transact(store, what=f"storing a trial of {workload.key}", within_s=TUNE_PATIENCE_S)
+            return db.transact(store, what=f"storing a trial of {workload.key}", patience=TUNE_PATIENCE_S)
 
         def record(trial: TrialResult, result: SearchResult) -> None:
             fields = trial.measurement.trial_fields()
@@ -129,7 +129,7 @@ def tune_workload(
                 best_row = session.get(models.Trial, trial_rows[best.number])
                 return publish_winner(session, row, result, versions, best_row)
 
-            tuned_id = db.transact(publish, what=f"publishing the winner of {workload.key}", within_s=TUNE_PATIENCE_S)
+            tuned_id = db.transact(publish, what=f"publishing the winner of {workload.key}", patience=TUNE_PATIENCE_S)
         return TuneOutcome(workload.key, result, tuned_id, versions)
     finally:
         db.dispose()

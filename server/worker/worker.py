@@ -24,7 +24,8 @@ top configs and publish the winner as the workload's tuned config.
   flight, then gives the job back; ``request_stop(abandon=True)`` (a second
   signal) kills the measurement in flight at once.
 - A job that raises is ``failed`` with the error, and queued again while it has
-  attempts left.
+  attempts left. A database outage is not the job's fault: the worker waits it
+  out (:attr:`Worker.patience`, :mod:`server.store.outage`).
 
 The ``replay`` backend answers measurements from recorded exhaustive tables
 (:mod:`autotune.replay`), optionally spending the recorded compile and run time
@@ -62,7 +63,7 @@ from kernel.config import TileConfig
 from kernel.workload import BACKENDS, KERNEL_VERSIONS, Workload
 from server.store import compiles, models, queue, records, workloads
 from server.store.db import Database
-from server.store.outage import OutageWait, describe, is_outage, ride_out
+from server.store.outage import LOG_EVERY, OutageWait, Patience, describe, is_outage, ride_out
 from server.worker.coordinator import (
     JobCoordinator,
     fail_orphaned_trials,
@@ -75,6 +76,8 @@ from server.worker.tune import family_prior, publish_winner, warm_start_configs
 log = logging.getLogger("tiletune.worker")
 
 WORKER_BACKENDS = ("auto", *BACKENDS, "replay")
+#: How long a worker stopping in a database outage still tries to give its job back (then the lease ends it).
+GIVE_BACK_S = 5.0
 
 
 class LostJob(Exception):  # noqa: N818  (a condition of the job, not a bug)
@@ -201,9 +204,9 @@ class Worker:
 
     def storage(self) -> optuna.storages.RDBStorage:
         if self._storage is None:
-            url, patience = self.options.database_url, self.patience_s
+            url, patience = self.options.database_url, self.patience
             self._storage = ride_out(
-                lambda: optuna_storage(url, patience), what="opening the Optuna storage", within_s=patience
+                lambda: optuna_storage(url, patience), what="opening the Optuna storage", patience=patience
             )
         return self._storage
 
@@ -265,15 +268,15 @@ class Worker:
     def run_job(self, job_id: int, workload_id: int, budget: int, attempt: int, study: str) -> JobOutcome:
         """Run the claimed job ``job_id`` to its end (or this worker's part of it).
 
-        A database outage that outlasts the worker's patience (half its lease) gives the
-        job back rather than failing it: the job is not at fault, its measured trials are
-        kept, and the next claim resumes it (:meth:`_give_back`).
+        A database outage is waited out as long as the worker runs (:attr:`patience`); one
+        it is asked to stop in gives the job back rather than failing it: the job is not at
+        fault, its measured trials are kept, and the next claim resumes it (:meth:`_give_back`).
         """
         try:
             workload, seeds, prior = self.db.read(
                 lambda session: self._job_inputs(session, workload_id),
                 what=f"job {job_id}: reading it",
-                within_s=self.patience_s,
+                patience=self.patience,
             )
         except Exception as exc:
             if not is_outage(exc):
@@ -298,7 +301,7 @@ class Worker:
             host=self.host,
             versions=self.versions(),
             stopping=lambda: self.stopping,
-            patience_s=self.patience_s,
+            patience=self.patience,
         )
         try:
             try:
@@ -333,10 +336,17 @@ class Worker:
             beat.join(5)
 
     @property
-    def patience_s(self) -> float:
-        """How long one unit of a job's database work waits out an outage: half the lease,
-        which the heartbeat cannot extend while the database is away."""
-        return self.options.lease_s / 2
+    def patience(self) -> Patience:
+        """How long one unit of a job's database work waits out an outage: as long as the worker
+        runs, then (asked to stop) half its lease since the first try.
+
+        Waiting past the lease is safe: the heartbeat cannot extend the lease while the
+        database is away, but an expired lease stays the worker's until another worker's
+        claim ends it, and every write checks that (a take-over meanwhile makes the next one
+        find the job lost). A failover longer than the lease therefore costs neither the
+        trial in flight nor an attempt of the job, unless another worker took the job.
+        """
+        return Patience(self.options.lease_s / 2, until=self._stop)
 
     def _job_inputs(self, session: Session, workload_id: int) -> tuple[Workload, list[TileConfig], Ridge | None]:
         """The job's workload, its warm-start configs and its family's model (None without a warm start)."""
@@ -347,34 +357,35 @@ class Worker:
         prior = family_prior(session, workload) if self.options.search.warm_start else None
         return workload, seeds, prior
 
-    def _release(self, job_id: int, within_s: float | None = None) -> bool:
+    def _release(self, job_id: int, patience_s: float | None = None) -> bool:
         """Give the job back to the queue, its attempt uncounted, dropping this worker's reservations
-        (False: the worker no longer held it); an outage is waited out for ``within_s`` (the patience)."""
+        (False: the worker no longer held it); an outage is waited out for ``patience_s`` (default:
+        half the lease; the worker is stopping, so not without end)."""
         return self.db.transact(
             lambda session: queue.release_job(session, job_id, self.name),
             what=f"job {job_id}: giving it back",
-            within_s=self.patience_s if within_s is None else within_s,
+            patience=self.options.lease_s / 2 if patience_s is None else patience_s,
         )
 
     def _end_failed(self, job_id: int, error: str) -> None:
         self.db.transact(
             lambda session: queue.finish_job(session, job_id, self.name, "failed", error[:4000]),
             what=f"job {job_id}: recording its failure",
-            within_s=self.patience_s,
+            patience=self.patience,
         )
 
     def _give_back(
         self, job_id: int, workload_key: str, coordinator: JobCoordinator | None, error: BaseException
     ) -> JobOutcome:
-        """The database stayed away past the worker's patience in the middle of a job: drop this
-        worker's reservations and give the job back, trying for one more lease; if the database
-        is still away, leave the job to its lease, whose end makes it claimable again."""
+        """The worker was asked to stop while the database was away in the middle of a job: drop
+        this worker's reservations and give the job back, trying for :data:`GIVE_BACK_S` more; if
+        the database is still away, leave the job to its lease, whose end makes it claimable again."""
         done = 0 if coordinator is None else coordinator.completed
         reason = f"database unavailable: {error.__class__.__name__}"
-        log.warning("job %s: the database is unavailable mid-job; giving the job back", job_id)
+        log.warning("job %s: stopping while the database is unavailable; giving the job back", job_id)
 
         try:
-            released = self._release(job_id, within_s=self.options.lease_s)
+            released = self._release(job_id, patience_s=GIVE_BACK_S)
         except Exception as exc:
             if not is_outage(exc):
                 raise
@@ -386,13 +397,19 @@ class Worker:
 
     def _heartbeat(self, job_id: int, lost: threading.Event, finished: threading.Event) -> None:
         interval = max(0.2, self.options.lease_s / 3)
+        failures = 0
         while not finished.wait(interval):
             try:
                 with self.db.transaction() as session:
                     held = queue.heartbeat(session, job_id, self.name, self.options.lease_s)
-            except Exception as exc:  # the database is briefly away: the lease has slack, try again
-                log.warning("heartbeat of job %s failed: %s", job_id, describe(exc) if is_outage(exc) else exc)
+            except Exception as exc:  # the database is away: try again (an expired lease stays ours until claimed)
+                if failures % LOG_EVERY == 0:  # the first failure, then sparingly through a long outage
+                    log.warning("heartbeat of job %s failed: %s", job_id, describe(exc) if is_outage(exc) else exc)
+                failures += 1
                 continue
+            if failures:
+                log.warning("heartbeat of job %s works again after %d failed", job_id, failures)
+                failures = 0
             if not held:
                 log.warning("job %s is no longer held by %s (cancelled or taken over): stopping", job_id, self.name)
                 lost.set()
@@ -437,7 +454,7 @@ class Worker:
         holders = self.db.read(
             lambda session: list(queue.job_progress(session, [job_id])[job_id].workers),
             what=f"job {job_id}: reading its workers",
-            within_s=self.patience_s,
+            patience=self.patience,
         )
         if holders == [self.name]:
             fail_orphaned_trials(self.storage(), study)
@@ -462,7 +479,7 @@ class Worker:
             return self.db.read(
                 lambda session: compiles.refusal(session, workload_id, config.to_dict(), versions),
                 what="reading compile verdicts",
-                within_s=self.patience_s,
+                patience=self.patience,
             )
 
         return gate
@@ -486,7 +503,7 @@ class Worker:
             return finalizer
 
         finalizer = self.db.transact(
-            finalize_or_leave, what=f"job {job_id}: finishing its search", within_s=self.patience_s
+            finalize_or_leave, what=f"job {job_id}: finishing its search", patience=self.patience
         )
         if not finalizer:
             return JobOutcome(job_id, workload.key, "left", mine)
@@ -500,7 +517,7 @@ class Worker:
         ok_trials = self.db.read(
             lambda session: [trial_result(r) for r in queue.job_trials(session, job_id, ("ok",))],
             what=f"job {job_id}: reading its trials",
-            within_s=self.patience_s,
+            patience=self.patience,
         )
         everyone = SearchResult(trials=ok_trials, best=None)
         pick_winner(everyone, measurer, self.options.search, SearchSpace(workload, workload.backend))
@@ -513,7 +530,7 @@ class Worker:
         tuned_id = ride_out(
             lambda: publish_job_winner(self.db, job_id, self.name, workload.key, everyone, self.versions()),
             what=f"job {job_id}: publishing its winner",
-            within_s=self.options.lease_s,
+            patience=Patience(self.options.lease_s, until=self._stop),
         )
         if tuned_id is None:
             return JobOutcome(job_id, workload.key, "lost", mine)
@@ -544,7 +561,7 @@ class Worker:
             return queue.co_workers(session, job_id, self.name) + queue.running_trials(session, job_id)
 
         while not lost.is_set() and time.monotonic() < deadline:
-            if self.db.transact(busy, what=f"job {job_id}: waiting for its co-workers", within_s=self.patience_s) == 0:
+            if self.db.transact(busy, what=f"job {job_id}: waiting for its co-workers", patience=self.patience) == 0:
                 return
             lost.wait(min(1.0, self.options.poll_s))
 

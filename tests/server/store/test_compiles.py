@@ -37,6 +37,8 @@ def test_one_verdict_per_params_and_compiler(db: Database) -> None:
         first = compiles.reserve_compile(session, wid, PARAMS, V42, worker="a")
         assert first is not None
         assert compiles.reserve_compile(session, wid, PARAMS, V42, worker="b") is None  # a is compiling it
+        # a's reservation again (a retry whose first try committed, its answer lost): the same one
+        assert compiles.reserve_compile(session, wid, PARAMS, V42, worker="a") == first
         assert compiles.refusal(session, wid, PARAMS, V42) is None  # no verdict yet
     with db.transaction() as session:
         assert not compiles.record_compile(session, first, "b", SMEM)  # not b's reservation

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from server.store.db import Database
-from server.store.outage import OutageWait, is_outage, ride_out
+from server.store.outage import OutageWait, Patience, is_outage, ride_out
 
 
 def wrapped(orig: Exception, statement: str | None = "SELECT 1", **kwargs: bool) -> sa_exc.DBAPIError:
@@ -100,7 +100,8 @@ def test_connecting_failures_broken_connections_and_causes_count() -> None:
     assert not is_outage(RuntimeError("a bug"))
 
 
-def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
+def test_ride_out_retries_outages_only_for_a_bounded_time_or_until_stopped(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="tiletune.store")
     calls: list[float] = []
 
     def flaky() -> int:
@@ -109,7 +110,11 @@ def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
             raise wrapped(psycopg.errors.AdminShutdown("bye"))
         return 7
 
-    assert ride_out(flaky, what="flaky", within_s=30) == 7 and len(calls) == 3
+    assert ride_out(flaky, what="flaky", patience=30) == 7 and len(calls) == 3
+    logged = [r.getMessage() for r in caplog.records]
+    # The outage's start and end; the second retry is not logged (every LOG_EVERY-th is).
+    assert len(logged) == 2 and "flaky: database unavailable for 0 s (AdminShutdown: bye)" in logged[0], logged
+    assert logged[1].startswith("flaky: database reachable again after "), logged
 
     calls.clear()
 
@@ -118,7 +123,7 @@ def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
         raise wrapped(psycopg.errors.UniqueViolation("duplicate key"))
 
     with pytest.raises(sa_exc.DBAPIError):
-        ride_out(wrong, what="wrong", within_s=30)
+        ride_out(wrong, what="wrong", patience=30)
     assert len(calls) == 1  # a fault of the statement is raised at once
 
     calls.clear()
@@ -129,15 +134,26 @@ def test_ride_out_retries_outages_only_and_for_a_bounded_time() -> None:
 
     start = time.monotonic()
     with pytest.raises(sa_exc.DBAPIError):
-        ride_out(down, what="down", within_s=1.0)
+        ride_out(down, what="down", patience=1.0)
     assert len(calls) >= 2 and time.monotonic() - start < 10  # gave up after about a second
 
     calls.clear()
     stop = threading.Event()
-    stop.set()
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    start = time.monotonic()
     with pytest.raises(sa_exc.DBAPIError):
-        ride_out(down, what="stopping", within_s=60, stop=stop)
-    assert len(calls) == 1  # a worker asked to stop does not wait the outage out
+        ride_out(down, what="running", patience=Patience(0.2, until=stop))
+    waited = time.monotonic() - start
+    # A running worker waits past its seconds, until it is asked to stop (then at once: 2 s > 0.2 s).
+    assert 2.0 <= waited < 8 and len(calls) >= 4, (waited, len(calls))
+
+    calls.clear()
+    start = time.monotonic()
+    with pytest.raises(sa_exc.DBAPIError):
+        ride_out(down, what="stopping", patience=Patience(1.0, until=stop))
+    # Asked to stop before the outage: it still rides out its seconds.
+    assert len(calls) >= 2 and time.monotonic() - start < 10
 
 
 def test_a_database_retries_a_whole_unit_of_work_through_an_outage(tmp_path: Path) -> None:
@@ -156,8 +172,8 @@ def test_a_database_retries_a_whole_unit_of_work_through_an_outage(tmp_path: Pat
     def count(session: Session) -> int:
         return int(session.execute(text("SELECT count(*) FROM unit")).scalar_one())
 
-    assert db.transact(insert, what="inserting", within_s=30) == 2
-    assert db.read(count, what="counting", within_s=30) == 1  # the first try was rolled back whole
+    assert db.transact(insert, what="inserting", patience=30) == 2
+    assert db.read(count, what="counting", patience=30) == 1  # the first try was rolled back whole
 
     tries.clear()
 
@@ -167,8 +183,8 @@ def test_a_database_retries_a_whole_unit_of_work_through_an_outage(tmp_path: Pat
         raise wrapped(psycopg.errors.UniqueViolation("duplicate key"))
 
     with pytest.raises(sa_exc.DBAPIError):
-        db.transact(wrong, what="wrong", within_s=30)
-    assert len(tries) == 1 and db.read(count, what="counting", within_s=30) == 1
+        db.transact(wrong, what="wrong", patience=30)
+    assert len(tries) == 1 and db.read(count, what="counting", patience=30) == 1
 
     reads: list[int] = []
 
@@ -178,7 +194,7 @@ def test_a_database_retries_a_whole_unit_of_work_through_an_outage(tmp_path: Pat
             raise wrapped(psycopg.errors.CannotConnectNow("starting up"), statement=None)
         return count(session)
 
-    assert db.read(flaky_count, what="counting", within_s=30) == 1 and len(reads) == 3
+    assert db.read(flaky_count, what="counting", patience=30) == 1 and len(reads) == 3
     db.dispose()
 
 

@@ -2,10 +2,11 @@
 
 Its connections are cut (as a restart or a failover does) while it waits for jobs and
 many times while it tunes one: it keeps working and the job ends as if nothing had
-happened. The database then refuses connections for longer than the worker's patience
-in the middle of a job: the worker gives the job up, waits for the database, and the
-job is resumed and done, its records whole (check_job_records). A compile worker
-keeps waiting for TPU jobs through cut connections and compiles the next one."""
+happened. The database then refuses connections for longer than the worker's lease in
+the middle of a job: the worker waits and goes on, the job still its own. Asked to stop
+in such an outage, it leaves the job to its lease and the next worker resumes it, its
+records whole (check_job_records). A compile worker keeps waiting for TPU jobs through
+cut connections and compiles the next one."""
 
 from __future__ import annotations
 
@@ -119,18 +120,24 @@ def test_a_worker_rides_out_connections_cut_while_idle_and_while_tuning(outage_u
     assert "stopped after 1 job(s), 0 failed" in output, output
 
 
-def test_an_outage_longer_than_its_patience_gives_the_job_up_and_it_is_resumed(outage_url: str) -> None:
-    # A 2 s lease: the worker waits out 1 s of outage per unit of work, then tries for 2 s more to
-    # give the job back, then leaves it to its lease; the outage lasts longer than all of that.
+def start_job(url: str, worker: Child) -> int:
+    """Queue a job and return once ``worker`` runs it, a few trials in."""
+    worker.wait_for_output("claiming", 120)
+    job_id = queue_one(url)
+    deadline = time.monotonic() + 120
+    while job_status(url, job_id) != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1.0)
+    return job_id
+
+
+def test_an_outage_longer_than_the_lease_is_waited_out_and_the_job_stays_the_workers(outage_url: str) -> None:
+    # A 2 s lease and 6 s of refused connections mid-job: the lease expires meanwhile, but nobody
+    # else claims the job, so the worker goes on where it was once the database answers.
     worker = start_worker(outage_url, "--poll", "0.2", "--lease", "2", "--replay-sleep", "0.5")
     try:
-        worker.wait_for_output("claiming", 120)
-        job_id = queue_one(outage_url)
-        deadline = time.monotonic() + 120
-        while job_status(outage_url, job_id) != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(1.0)  # a few trials in
+        job_id = start_job(outage_url, worker)
         with refused(outage_url):
             time.sleep(6)
             assert worker.poll() is None, worker.output()
@@ -139,12 +146,35 @@ def test_an_outage_longer_than_its_patience_gives_the_job_up_and_it_is_resumed(o
     finally:
         output = stop(worker)
     job, leases = finished(outage_url, job_id)
-    assert job.attempts == 2 and leases == ["expired", "done"], output
-    assert "the database is unavailable mid-job; giving the job back" in output, output
-    assert "the database is still unavailable; its lease ends and it is claimable again" in output, output
-    assert f"(budget {BUDGET}, attempt 2)" in output, output  # resumed by this same worker
-    assert "database reachable again" in output, output
+    assert job.attempts == 1 and leases == ["done"], output
+    assert "giving the job back" not in output and "crashed" not in output, output
+    assert "database unavailable for" in output and "database reachable again" in output, output
     assert "Traceback" not in output, output
+
+
+def test_a_worker_stopped_in_an_outage_leaves_the_job_to_its_lease_and_it_is_resumed(outage_url: str) -> None:
+    # Asked to stop while the database refuses connections, the worker gives up at once (its
+    # patience since the first try, half of a 2 s lease, is spent), tries 5 s to give the job
+    # back, and exits; the job's lease ends it, and the next worker resumes it in attempt 2.
+    worker = start_worker(outage_url, "--poll", "0.2", "--lease", "2", "--replay-sleep", "0.5")
+    job_id = start_job(outage_url, worker)
+    with refused(outage_url):
+        time.sleep(2)  # the worker meets the outage and waits for the database
+        assert worker.poll() is None, worker.output()
+        began = time.monotonic()
+        output = stop(worker)
+        took = time.monotonic() - began
+    assert worker.returncode == 0 and took < 30, (took, output)
+    assert "stopping while the database is unavailable; giving the job back" in output, output
+    assert "the database is still unavailable; its lease ends and it is claimable again" in output, output
+    resumed = start_worker(outage_url, "--poll", "0.2", "--lease", "2", "--replay-sleep", "0.05")
+    try:
+        wait_done(outage_url, job_id, 180)
+    finally:
+        output = stop(resumed)
+    job, leases = finished(outage_url, job_id)
+    assert job.attempts == 2 and leases == ["expired", "done"], output
+    assert f"(budget {BUDGET}, attempt 2)" in output, output
 
 
 @pytest.mark.skipif(

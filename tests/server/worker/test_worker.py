@@ -340,7 +340,7 @@ def test_a_tell_retried_after_its_commit_landed_succeeds_and_another_value_does_
     """The connection breaks after Optuna's ``set_trial_state_values`` committed: the retry finds the
     trial finished with what it was setting and succeeds. A retry that finds other values there (a
     different writer's), or a second tell that met no outage, raises as Optuna does."""
-    storage = optuna_storage(f"sqlite:///{tmp_path / 'study.db'}", patience_s=10)
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'study.db'}", patience=10)
     study = optuna.create_study(storage=storage, study_name="ambiguous")
     original = optuna.storages.RDBStorage.set_trial_state_values
     committed: list[list[float]] = []  # the values the next call commits before its connection breaks
