@@ -69,6 +69,14 @@ def test_compose_parses_and_names_files_that_exist() -> None:
             assert dependency in services, f"{name} depends on unknown service {dependency}"
             assert condition["condition"] in ("service_healthy", "service_completed_successfully", "service_started")
     assert services["migrate"]["command"][:3] == ["tiletune", "db", "upgrade"]
+    # One dead process must not take the service down: the long-running ones come back by themselves,
+    # the one-shot migration does not run again.
+    assert {name: service.get("restart") for name, service in services.items()} == {
+        "postgres": "unless-stopped",
+        "migrate": "no",
+        "server": "unless-stopped",
+        "dashboard": "unless-stopped",
+    }
     assert services["server"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     urls = {services[s]["environment"].get("TILETUNE_DATABASE_URL") for s in ("migrate", "server")}
     assert len(urls) == 1 and urls.pop() == services["dashboard"]["environment"]["OPTUNA_STORAGE"], (
