@@ -67,7 +67,7 @@ class OutageTolerantStorage(optuna.storages.RDBStorage):
     would cost the worker its part of the job. Optuna rolls a failed call back whole, so calling
     it again is safe (but for the rare commit whose answer the outage took)."""
 
-    patience: Patience = Patience(30.0)
+    patience: Patience | float = 30.0  # ride_out takes either
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         """Optuna's, riding out an outage; a retry that finds the trial already finished with this very
@@ -131,7 +131,7 @@ def optuna_storage(url: str, patience: Patience | float = 30.0) -> optuna.storag
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
     with schema_lock(url):
         storage = OutageTolerantStorage(url, engine_kwargs=kwargs)
-    storage.patience = patience if isinstance(patience, Patience) else Patience(patience)
+    storage.patience = patience
     if sqlite:
         configure_sqlite(storage.engine, 60000, foreign_keys=False)
         storage.engine.dispose()  # the connection that created the tables had no pragmas
